@@ -1,0 +1,199 @@
+"""Django settings for agentrun.
+
+Everything comes from environment variables with small helpers. With no
+DATABASE_URL / CELERY_BROKER_URL set, agentrun runs "embedded": SQLite in WAL
+mode and a Celery broker on the local filesystem, both under ./var/.
+"""
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("AGENTRUN_VAR_DIR", BASE_DIR / "var"))
+
+
+def env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+def database_from_url(url: str) -> dict:
+    """postgres://user:pass@host:port/name?opt=v  or  sqlite:///path."""
+    parts = urlparse(url)
+    if parts.scheme == "sqlite":
+        return sqlite_database(Path(unquote(parts.path)))
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise ValueError(f"DATABASE_URL: unsupported scheme {parts.scheme!r}")
+    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")),
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+        "OPTIONS": options,
+        "CONN_MAX_AGE": env_int("DB_CONN_MAX_AGE", 60),
+    }
+
+
+def sqlite_database(path: Path) -> dict:
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(path),
+        # IMMEDIATE avoids lock-upgrade deadlocks between the web server and workers.
+        "OPTIONS": {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+        },
+        # A test database must be a file too: worker processes open it.
+        "TEST": {"NAME": str(path.with_name("test_" + path.name))},
+    }
+
+
+DATABASE_URL = env("DATABASE_URL")
+EMBEDDED = not DATABASE_URL
+
+SECRET_KEY = env("SECRET_KEY", "embedded-insecure-key-set-SECRET_KEY-in-production")
+DEBUG = env_bool("DEBUG", EMBEDDED)
+ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")]
+CSRF_TRUSTED_ORIGINS = [o for o in env("CSRF_TRUSTED_ORIGINS").split(",") if o]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "template_partials",
+    "agentrun",
+    "debugger",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "agentrun.urls"
+WSGI_APPLICATION = "agentrun.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if DATABASE_URL:
+    DATABASES = {"default": database_from_url(DATABASE_URL)}
+else:
+    DATABASES = {"default": sqlite_database(VAR_DIR / "agentrun.sqlite3")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS: list[dict] = []
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "debugger:run-list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+
+# A 10 MB run input must be refused cleanly, not parsed.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2 * 1024 * 1024)
+
+# --- Celery: the broker is only a wake-up; the database is the truth. -------
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", "filesystem://")
+AGENTRUN_STEP_TIME_LIMIT = env_int("AGENTRUN_STEP_TIME_LIMIT", 300)
+CELERY_BROKER_TRANSPORT_OPTIONS: dict = {
+    # Redelivery of an unacked message must come after the hard time limit.
+    "visibility_timeout": AGENTRUN_STEP_TIME_LIMIT * 2 + 60,
+}
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _broker_dir = VAR_DIR / "broker"
+    CELERY_BROKER_TRANSPORT_OPTIONS.update(
+        data_folder_in=str(_broker_dir / "queue"),
+        data_folder_out=str(_broker_dir / "queue"),
+        processed_folder=str(_broker_dir / "processed"),
+        store_processed=False,
+    )
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SOFT_TIME_LIMIT = AGENTRUN_STEP_TIME_LIMIT
+CELERY_TASK_TIME_LIMIT = AGENTRUN_STEP_TIME_LIMIT + 30
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+AGENTRUN_RECONCILE_EVERY = env_float("AGENTRUN_RECONCILE_EVERY", 5.0)
+CELERY_BEAT_SCHEDULE = {
+    "reconcile": {"task": "agentrun.reconcile", "schedule": AGENTRUN_RECONCILE_EVERY},
+}
+
+# --- agentrun runtime --------------------------------------------------------
+# A claimed step is owned for this long; a worker that dies is replaced after it.
+AGENTRUN_LEASE_SECONDS = env_float("AGENTRUN_LEASE_SECONDS", 60.0)
+# Scripted "fault" points kill the worker on purpose: for demos and tests only.
+AGENTRUN_FAULTS = env_bool("AGENTRUN_FAULTS", EMBEDDED)
+AGENTRUN_MAX_INPUT_BYTES = env_int("AGENTRUN_MAX_INPUT_BYTES", 1024 * 1024)
+AGENTRUN_MAX_STEPS = env_int("AGENTRUN_MAX_STEPS", 10_000)
+# Don't enqueue from inside the web process/tests when a test drives the engine itself.
+AGENTRUN_ENQUEUE = env_bool("AGENTRUN_ENQUEUE", True)
+
+# The LLM agent: OpenAI-compatible chat completions. The key is read at call
+# time from the environment and never stored.
+AGENTRUN_LLM_BASE_URL = env("AGENTRUN_LLM_BASE_URL", "https://api.openai.com/v1")
+AGENTRUN_LLM_MODEL = env("AGENTRUN_LLM_MODEL", "gpt-4o-mini")
+AGENTRUN_LLM_TIMEOUT = env_float("AGENTRUN_LLM_TIMEOUT", 60.0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
