@@ -1,0 +1,3 @@
+from agentrun.celery import app as celery_app
+
+__all__ = ("celery_app",)

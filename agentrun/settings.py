@@ -122,6 +122,7 @@ TEMPLATES = [
 if DATABASE_URL:
     DATABASES = {"default": database_from_url(DATABASE_URL)}
 else:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {"default": sqlite_database(VAR_DIR / "agentrun.sqlite3")}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -1,0 +1,267 @@
+"""Defining agents: a policy that decides the next action, plus its tools.
+
+    from agentrun.agents import StateAgent, Decision, Call, register
+
+    @register
+    class Researcher(StateAgent):
+        name = "researcher"
+        tools = ("search", "write_report")
+
+        def decide(self, state, ctx):
+            ...
+            return Decision(thought="look it up", calls=[Call("search", {"q": goal})])
+
+The engine calls `decide` once per step (its result is persisted before any
+tool runs and reused if the step is retried), runs the requested tool calls,
+then `update` folds the results into the next state. State is plain JSON
+between steps; `StateAgent` works on the typed `AgentState`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrun.state import AgentState, Phase
+
+
+class InvalidInput(ValueError):
+    """The run input does not fit the agent; the message says where."""
+
+
+class AgentError(Exception):
+    """The policy could not decide (bad LLM output, provider error, ...)."""
+
+    transient = False
+
+    def __init__(self, message: str, *, transient: bool = False, detail: Any = None):
+        super().__init__(message)
+        self.transient = transient
+        self.detail = detail
+
+
+@dataclass
+class Call:
+    """One tool call requested by a decision."""
+
+    tool: str
+    args: dict[str, Any] = field(default_factory=dict)
+    approval: bool = False
+    fault: str | None = None
+    call_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"tool": self.tool, "args": self.args}
+        if self.approval:
+            d["approval"] = True
+        if self.fault:
+            d["fault"] = self.fault
+        if self.call_id:
+            d["call_id"] = self.call_id
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Call:
+        return cls(
+            tool=d["tool"],
+            args=d.get("args") or {},
+            approval=bool(d.get("approval")),
+            fault=d.get("fault"),
+            call_id=d.get("call_id"),
+        )
+
+
+@dataclass
+class Decision:
+    """What the policy decided at one step: tool calls, or a final answer.
+
+    `llm` holds the raw request/response, token counts and latency when an
+    LLM made the decision.
+    """
+
+    thought: str = ""
+    rationale: str = ""
+    calls: list[Call] = field(default_factory=list)
+    final: str | None = None
+    llm: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "thought": self.thought,
+            "rationale": self.rationale,
+            "calls": [c.to_dict() for c in self.calls],
+            "final": self.final,
+        }
+        if self.llm is not None:
+            d["llm"] = self.llm
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Decision:
+        return cls(
+            thought=d.get("thought", ""),
+            rationale=d.get("rationale", ""),
+            calls=[Call.from_dict(c) for c in d.get("calls") or []],
+            final=d.get("final"),
+            llm=d.get("llm"),
+        )
+
+
+@dataclass
+class CallResult:
+    """The outcome of one tool call, as `update` sees it."""
+
+    index: int
+    tool: str
+    kind: str
+    args: dict[str, Any]
+    status: str
+    result: Any = None
+    error: str | None = None
+    attempts: int = 1
+    call_id: str | None = None
+
+
+@dataclass
+class StepContext:
+    run_id: str
+    step: int
+    input: dict[str, Any]
+    first_step: int = 1
+
+
+class Agent:
+    """Base class: subclass, set `name` and `tools`, implement the three methods."""
+
+    name: str = ""
+    description: str = ""
+    tools: tuple[str, ...] = ()
+
+    @property
+    def version(self) -> str:
+        """A hash of the agent's source, so a run records which code it ran."""
+        module = sys.modules[type(self).__module__]
+        try:
+            source = inspect.getsource(module)
+        except (OSError, TypeError):
+            source = type(self).__qualname__
+        return hashlib.sha256(source.encode()).hexdigest()[:12]
+
+    def validate_input(self, input: Any) -> None:
+        """Raise InvalidInput with a precise message if `input` can't be run."""
+        if not isinstance(input, dict):
+            raise InvalidInput("input must be a JSON object")
+
+    def initial_state(self, input: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def decide(self, state: dict[str, Any], ctx: StepContext) -> Decision:
+        raise NotImplementedError
+
+    def update(
+        self, state: dict[str, Any], decision: Decision, results: list[CallResult], ctx: StepContext
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def fail(self, state: dict[str, Any], failure: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        """The state after a step failed for good; keeps the failure context."""
+        return {**state, "error": failure.get("message"), "failures": [*state.get("failures", []), failure]}
+
+    def validate_state(self, state: Any) -> None:
+        """Raise ValueError (with the path) if `state` is not a valid state."""
+        if not isinstance(state, dict):
+            raise ValueError("state must be a JSON object")
+
+
+class StateAgent(Agent):
+    """An agent whose state is the typed AgentState (history, memory, log...)."""
+
+    system_prompt = ""
+
+    def initial_state(self, input: dict[str, Any]) -> dict[str, Any]:
+        state = AgentState()
+        goal = str(input.get("goal", ""))
+        state.memory = {"goal": goal, "plan": [], "completed": [], "notes": {}}
+        if self.system_prompt:
+            state.add_message("system", self.system_prompt)
+        state.add_message("user", goal)
+        return state.to_dict()
+
+    def validate_state(self, state: Any) -> None:
+        AgentState.from_dict(state)
+
+    def load(self, state: dict[str, Any]) -> AgentState:
+        return AgentState.from_dict(state)
+
+    def update(
+        self, state: dict[str, Any], decision: Decision, results: list[CallResult], ctx: StepContext
+    ) -> dict[str, Any]:
+        st = self.load(state)
+        if st.phase in (Phase.IDLE, Phase.REFLECTING, Phase.WAITING):
+            st.to(Phase.PLANNING)
+        st.iteration = ctx.step
+        action = "final" if decision.final is not None else ("tools" if decision.calls else "think")
+        st.record_decision(step=ctx.step, thought=decision.thought, rationale=decision.rationale, action=action)
+        assistant: dict[str, Any] = {}
+        if decision.calls:
+            assistant["tool_calls"] = [
+                {"id": r.call_id or f"call_{ctx.step}_{r.index}", "type": "function",
+                 "function": {"name": r.tool, "arguments": _as_text(r.args)}}
+                for r in results
+            ]
+        st.add_message("assistant", decision.thought if decision.final is None else decision.final, **assistant)
+        if results:
+            st.to(Phase.EXECUTING)
+        for r in results:
+            st.record_tool_call(
+                step=ctx.step, index=r.index, tool=r.tool, kind=r.kind, args=r.args,
+                status=r.status, result=r.result, attempts=r.attempts,
+            )
+            st.add_message("tool", _as_text(r.result if r.error is None else {"error": r.error}),
+                           tool_call_id=r.call_id or f"call_{ctx.step}_{r.index}", name=r.tool)
+        self.observe(st, decision, results, ctx)
+        if decision.final is not None:
+            st.finish(decision.final)
+        else:
+            st.to(Phase.REFLECTING)
+        return st.to_dict()
+
+    def observe(self, st: AgentState, decision: Decision, results: list[CallResult], ctx: StepContext) -> None:
+        """Hook: fold tool results into memory (notes, plan progress)."""
+
+    def fail(self, state: dict[str, Any], failure: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        st = self.load(state)
+        st.record_failure(**failure)
+        if st.phase != Phase.DONE:
+            st.fail(failure.get("message") or "failed")
+        return st.to_dict()
+
+
+def _as_text(value: Any) -> str:
+    import json
+
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+AGENTS: dict[str, Agent] = {}
+
+
+def register(cls: type[Agent]) -> type[Agent]:
+    """Class decorator: make an agent available by its `name`."""
+    if not cls.name:
+        raise ValueError(f"{cls.__qualname__} needs a name")
+    AGENTS[cls.name] = cls()
+    return cls
+
+
+def get_agent(name: str) -> Agent:
+    try:
+        return AGENTS[name]
+    except KeyError:
+        known = ", ".join(sorted(AGENTS))
+        raise InvalidInput(f"unknown agent {name!r} (known: {known})") from None

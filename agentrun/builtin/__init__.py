@@ -1,0 +1,3 @@
+"""Built-in tools and agents, registered on import."""
+
+from agentrun.builtin import llm, scripted, shop, tools  # noqa: F401

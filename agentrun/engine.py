@@ -1,0 +1,652 @@
+"""Executing one step of a run (DESIGN section 4).
+
+`execute_step(run_id, n)` is what the Celery task calls. It claims the step
+with a lease, writes the pre snapshot, gets the decision (once: a retried step
+reuses the recorded one), runs the tool calls with intent → result records,
+and commits the post snapshot with a compare-and-set on (next_step, lease
+owner). No transaction is held open across a policy or tool call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agentrun import delta, snapshots
+from agentrun.agents import Agent, AgentError, Call, CallResult, Decision, StepContext, get_agent
+from agentrun.models import (
+    ReplayMode,
+    Run,
+    RunStatus,
+    Snapshot,
+    Step,
+    StepStatus,
+    ToolCall,
+    ToolCallStatus,
+    WaitReason,
+)
+from agentrun.events import record_event
+from agentrun.redact import redact
+from agentrun.tools import Tool, ToolContext, ToolError, get_tool
+
+log = logging.getLogger(__name__)
+
+CLAIMABLE = (RunStatus.QUEUED, RunStatus.RUNNING)
+SIDE_EFFECTS = ("write", "hybrid")
+
+
+class LeaseLost(Exception):
+    """Another worker owns this step now (we were too slow or a zombie)."""
+
+
+@dataclass
+class Outcome:
+    """What one call of execute_step did, for tasks, tests and logs."""
+
+    status: str  # not_claimed | committed | finished | waiting | backoff | failed | lost
+    run_id: str
+    step: int
+    detail: str = ""
+
+
+# --- the worker's cache of the latest state of each run ---------------------
+# Saves rebuilding a state from keyframe + deltas at every step. Validated by
+# the snapshot hash, so a stale entry is never used.
+_CACHE: OrderedDict[str, tuple[int, str, dict[str, Any]]] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 64
+
+
+def _cache_get(run_id: str, seq: int, digest: str) -> dict[str, Any] | None:
+    with _CACHE_LOCK:
+        hit = _CACHE.get(run_id)
+        if hit and hit[0] == seq and hit[1] == digest:
+            _CACHE.move_to_end(run_id)
+            return hit[2]
+    return None
+
+
+def _cache_put(run_id: str, seq: int, digest: str, state: dict[str, Any]) -> None:
+    with _CACHE_LOCK:
+        _CACHE[run_id] = (seq, digest, state)
+        _CACHE.move_to_end(run_id)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+
+
+def new_lease_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _lease_expiry() -> Any:
+    return timezone.now() + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS)
+
+
+# --- enqueueing --------------------------------------------------------------
+
+
+def enqueue(run_id: Any, step: int, countdown: float | None = None) -> None:
+    """Wake a worker for (run, step) once the current transaction commits.
+
+    The message is only a wake-up: losing or duplicating it is harmless.
+    """
+    if not settings.AGENTRUN_ENQUEUE:
+        return
+
+    def send() -> None:
+        from agentrun.tasks import execute_step_task
+
+        try:
+            execute_step_task.apply_async((str(run_id), step), countdown=countdown)
+        except Exception:  # the reconciler will find the run
+            log.exception("could not enqueue step %s of %s", step, run_id)
+
+    transaction.on_commit(send)
+
+
+# --- the step ----------------------------------------------------------------
+
+
+@dataclass
+class _Ctx:
+    run: Run
+    step: Step
+    agent: Agent
+    owner: str
+    pre_state: dict[str, Any]
+    pre: Snapshot
+    pending: list[ToolCall] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def sctx(self) -> StepContext:
+        return StepContext(str(self.run.pk), self.step.number, self.run.input, self.run.first_step)
+
+
+def execute_step(run_id: Any, number: int, owner: str | None = None) -> Outcome:
+    """Run step `number` of a run, if it is due and nobody else holds it."""
+    owner = owner or new_lease_owner()
+    ctx = claim(str(run_id), number, owner)
+    if ctx is None:
+        return Outcome("not_claimed", str(run_id), number)
+    try:
+        return _run_claimed(ctx)
+    except LeaseLost as exc:
+        log.warning("step %s of %s: lease lost (%s)", number, run_id, exc)
+        return Outcome("lost", str(run_id), number, str(exc))
+
+
+def claim(run_id: str, number: int, owner: str) -> _Ctx | None:
+    """Take the lease on (run, step) and make sure its pre snapshot exists."""
+    now = timezone.now()
+    from django.db.models import Q
+
+    due = Q(status__in=CLAIMABLE) | Q(status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF)
+    with transaction.atomic():
+        claimed = (
+            Run.objects.filter(pk=run_id, next_step=number)
+            .filter(due)
+            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+            .filter(Q(wake_at__isnull=True) | Q(wake_at__lte=now))
+            .update(
+                status=RunStatus.RUNNING,
+                wait_reason="",
+                wake_at=None,
+                lease_owner=owner,
+                lease_expires_at=now + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS),
+                updated_at=now,
+            )
+        )
+        if claimed != 1:
+            return None
+        run = Run.objects.get(pk=run_id)
+        if run.started_at is None:
+            run.started_at = now
+            run.save(update_fields=["started_at"])
+        agent = get_agent(run.agent)
+        step, _ = Step.objects.get_or_create(run=run, number=number)
+        Step.objects.filter(pk=step.pk).update(attempts=F("attempts") + 1, status=StepStatus.RUNNING)
+        step.refresh_from_db()
+        pre, pre_state = _ensure_pre_snapshot(run, step, agent)
+        if not step.phase_before:
+            step.phase_before = str(pre_state.get("phase", ""))
+            step.save(update_fields=["phase_before"])
+    return _Ctx(run=run, step=step, agent=agent, owner=owner, pre_state=pre_state, pre=pre)
+
+
+def _ensure_pre_snapshot(run: Run, step: Step, agent: Agent) -> tuple[Snapshot, dict[str, Any]]:
+    seq = Snapshot.seq_for(step.number, "pre")
+    existing = Snapshot.objects.filter(run=run, seq=seq).first()
+    if existing is not None:
+        return existing, _state_of(str(run.pk), existing)
+    prev = Snapshot.objects.filter(run=run, seq__lt=seq).order_by("-seq").first()
+    if prev is None:
+        state = agent.initial_state(run.input)
+        snap = snapshots.build(run.pk, step.number, "pre", state, None, None)
+    else:
+        state = _state_of(str(run.pk), prev)
+        snap = snapshots.reference(run.pk, step.number, "pre", prev)
+    snap.save()
+    _cache_put(str(run.pk), snap.seq, snap.hash, state)
+    return snap, state
+
+
+def _state_of(run_id: str, snap: Snapshot) -> dict[str, Any]:
+    cached = _cache_get(run_id, snap.seq, snap.hash)
+    if cached is not None:
+        return cached
+    # A REF pre snapshot resolves to the post before it: same hash, same state.
+    prev_cached = None
+    if snap.kind == "ref":
+        with _CACHE_LOCK:
+            hit = _CACHE.get(run_id)
+        if hit and hit[1] == snap.hash:
+            prev_cached = hit[2]
+    state = prev_cached if prev_cached is not None else snapshots.load_state(snap)
+    _cache_put(run_id, snap.seq, snap.hash, state)
+    return state
+
+
+def _guarded(ctx: _Ctx, **changes: Any) -> None:
+    """Extend our lease (and apply changes) only if we still hold it. In a transaction."""
+    n = Run.objects.filter(
+        pk=ctx.run.pk, next_step=ctx.step.number, lease_owner=ctx.owner, status=RunStatus.RUNNING
+    ).update(lease_expires_at=_lease_expiry(), updated_at=timezone.now(), **changes)
+    if n != 1:
+        raise LeaseLost(f"run {ctx.run.pk} step {ctx.step.number}")
+
+
+def _flush_pending(ctx: _Ctx) -> None:
+    for tc in ctx.pending:
+        tc.save(update_fields=["status", "result", "error", "attempts", "finished_at", "from_cache"])
+    ctx.pending.clear()
+
+
+def _run_claimed(ctx: _Ctx) -> Outcome:
+    decision = _decide(ctx)
+    if isinstance(decision, Outcome):
+        return decision
+    calls = list(ToolCall.objects.filter(step=ctx.step).order_by("index"))
+    results: list[CallResult] = []
+    for call, tc in zip(decision.calls, calls, strict=True):
+        outcome = _act(ctx, call, tc)
+        if isinstance(outcome, Outcome):
+            return outcome
+        results.append(outcome)
+    return _commit(ctx, decision, results)
+
+
+# --- decide --------------------------------------------------------------------
+
+
+def _decide(ctx: _Ctx) -> Decision | Outcome:
+    if ctx.step.decision is not None:
+        return Decision.from_dict(ctx.step.decision)
+    started = time.perf_counter()
+    try:
+        decision = ctx.agent.decide(ctx.pre_state, ctx.sctx)
+        problem = _check_decision(ctx.agent, decision)
+    except AgentError as exc:
+        return _fail(ctx, _failure(ctx, exc, where="decide", detail=exc.detail))
+    except Exception as exc:
+        return _fail(ctx, _failure(ctx, exc, where="decide"))
+    if problem:
+        return _fail(ctx, {"step": ctx.step.number, "type": "InvalidDecision", "message": problem,
+                           "tool": None, "traceback": "", "input": redact(decision.to_dict())})
+    latency = (time.perf_counter() - started) * 1000
+    stored = redact(decision.to_dict())
+    llm = decision.llm or {}
+    with transaction.atomic():
+        _guarded(ctx)
+        Step.objects.filter(pk=ctx.step.pk).update(
+            decision=stored,
+            decided_at=timezone.now(),
+            decision_count=F("decision_count") + 1,
+            tokens_in=llm.get("tokens_in", 0),
+            tokens_out=llm.get("tokens_out", 0),
+            llm_latency_ms=llm.get("latency_ms", latency),
+        )
+        ToolCall.objects.bulk_create(
+            [_planned_call(ctx, i, call) for i, call in enumerate(decision.calls)]
+        )
+    # Work on exactly what was stored, as a retry would.
+    return Decision.from_dict(stored)
+
+
+def _check_decision(agent: Agent, decision: Decision) -> str | None:
+    if decision.final is not None and decision.calls:
+        return "a decision has either tool calls or a final answer, not both"
+    for i, call in enumerate(decision.calls):
+        if agent.tools and call.tool not in agent.tools:
+            return f"calls[{i}]: tool {call.tool!r} is not one of this agent's tools"
+        try:
+            t = get_tool(call.tool)
+        except KeyError as exc:
+            return f"calls[{i}]: {exc.args[0]}"
+        problem = t.check_args(call.args)
+        if problem:
+            return f"calls[{i}] ({call.tool}): {problem}"
+        if call.fault not in (None, "crash_before", "crash_after"):
+            return f"calls[{i}]: unknown fault {call.fault!r}"
+    return None
+
+
+def idempotency_key(run_id: Any, step: int, index: int, tool: str, args_hash: str) -> str:
+    return f"{run_id}:{step}:{index}:{tool}:{args_hash[:16]}"
+
+
+def _planned_call(ctx: _Ctx, index: int, call: Call) -> ToolCall:
+    t = get_tool(call.tool)
+    args = redact(call.args)
+    args_hash = delta.state_hash(call.args)
+    return ToolCall(
+        run=ctx.run,
+        step=ctx.step,
+        index=index,
+        tool=call.tool,
+        kind=t.kind,
+        args=args,
+        args_hash=args_hash,
+        idempotency_key=idempotency_key(ctx.run.pk, ctx.step.number, index, call.tool, args_hash),
+        status=ToolCallStatus.PLANNED,
+        requires_approval=call.approval or t.requires_approval,
+    )
+
+
+# --- act -------------------------------------------------------------------------
+
+_DONE = (ToolCallStatus.OK, ToolCallStatus.SKIPPED, ToolCallStatus.COMPENSATED)
+
+
+def _result_of(tc: ToolCall, call: Call) -> CallResult:
+    return CallResult(
+        index=tc.index, tool=tc.tool, kind=tc.kind, args=tc.args, status=tc.status, result=tc.result,
+        error=tc.error or None, attempts=len(tc.attempts), call_id=call.call_id,
+    )
+
+
+def _act(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
+    t = get_tool(call.tool)
+    if tc.status in _DONE:
+        return _result_of(tc, call)
+    if tc.requires_approval:
+        approval = tc.approval or {}
+        if not approval:
+            return _park(ctx, tc, WaitReason.APPROVAL, ToolCallStatus.AWAITING_APPROVAL, "approval_requested")
+        if approval.get("decision") == "reject":
+            tc.status = ToolCallStatus.REJECTED
+            tc.save(update_fields=["status"])
+            return _fail(ctx, {"step": ctx.step.number, "type": "Rejected",
+                               "message": f"{tc.tool} rejected by {approval.get('by')}: {approval.get('comment', '')}",
+                               "tool": tc.tool, "traceback": "", "input": tc.args})
+    if t.kind == "read":
+        cached = _read_cache(ctx, tc)
+        if cached is not None:
+            return cached
+    if ctx.run.mode == ReplayMode.SANDBOX and t.kind in SIDE_EFFECTS:
+        return _skip_in_sandbox(ctx, call, tc)
+    if t.kind in SIDE_EFFECTS and tc.status in (ToolCallStatus.INTENT, ToolCallStatus.IN_DOUBT):
+        resolution = (tc.approval or {}).get("resolution")
+        if resolution == "mark_done":
+            tc.status, tc.finished_at = ToolCallStatus.OK, timezone.now()
+            tc.save(update_fields=["status", "finished_at"])
+            return _result_of(tc, call)
+        if not t.idempotent and resolution != "retry" and _was_invoked(tc):
+            return _park(ctx, tc, WaitReason.IN_DOUBT, ToolCallStatus.IN_DOUBT, "tool_call_in_doubt")
+    if t.kind in SIDE_EFFECTS and tc.status != ToolCallStatus.INTENT:
+        with transaction.atomic():
+            _guarded(ctx)
+            _flush_pending(ctx)
+            tc.status = ToolCallStatus.INTENT
+            tc.save(update_fields=["status"])
+    return _invoke(ctx, call, tc, t)
+
+
+def _was_invoked(tc: ToolCall) -> bool:
+    """Intent recorded and an attempt started that never recorded its end."""
+    return any(
+        a.get("started") and not a.get("ended") and a.get("fault") != "crash_before" for a in tc.attempts
+    )
+
+
+def _read_cache(ctx: _Ctx, tc: ToolCall) -> CallResult | None:
+    hit = (
+        ToolCall.objects.filter(run=ctx.run, tool=tc.tool, args_hash=tc.args_hash, status=ToolCallStatus.OK)
+        .exclude(pk=tc.pk)
+        .order_by("created_at")
+        .first()
+    )
+    if hit is None:
+        return None
+    tc.status, tc.result, tc.from_cache, tc.finished_at = ToolCallStatus.OK, hit.result, True, timezone.now()
+    ctx.pending.append(tc)
+    return _result_of(tc, Call(tc.tool, tc.args))
+
+
+def _skip_in_sandbox(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult:
+    """Sandbox forks never run side effects: reuse the parent's result if it made the same call."""
+    parent_result = None
+    if ctx.run.parent_id:
+        twin = ToolCall.objects.filter(
+            run_id=ctx.run.parent_id, step__number=ctx.step.number, index=tc.index,
+            tool=tc.tool, args_hash=tc.args_hash,
+        ).first()
+        if twin is not None:
+            parent_result = twin.result
+    tc.status, tc.result, tc.finished_at = ToolCallStatus.SKIPPED, parent_result, timezone.now()
+    ctx.pending.append(tc)
+    return _result_of(tc, call)
+
+
+def _attempt_start(ctx: _Ctx, tc: ToolCall, call: Call) -> None:
+    """Record that an attempt starts; arms a scripted fault on the first attempt."""
+    first = not tc.attempts
+    tc.attempts = [*tc.attempts, {"at": timezone.now().isoformat(), "started": True}]
+    fault = call.fault if (first and settings.AGENTRUN_FAULTS) else None
+    if fault:
+        tc.attempts[-1]["fault"] = fault
+    if tc.kind in SIDE_EFFECTS or fault:
+        with transaction.atomic():
+            _guarded(ctx)
+            _flush_pending(ctx)
+            tc.save(update_fields=["attempts", "status"])
+    if fault == "crash_before":
+        log.warning("fault crash_before %s: exiting", tc.idempotency_key)
+        os._exit(70)
+
+
+def _invoke(ctx: _Ctx, call: Call, tc: ToolCall, t: Tool) -> CallResult | Outcome:
+    _attempt_start(ctx, tc, call)
+    attempt = len(tc.attempts)
+    tctx = ToolContext(str(ctx.run.pk), ctx.step.number, tc.index, tc.idempotency_key, attempt)
+    started = time.perf_counter()
+    try:
+        result = _call_with_timeout(t, tctx, call.args)
+        error: BaseException | None = None
+    except BaseException as exc:  # noqa: BLE001 — every failure is recorded
+        result, error = None, exc
+    duration = (time.perf_counter() - started) * 1000
+    if tc.attempts[-1].get("fault") == "crash_after":
+        log.warning("fault crash_after %s: exiting", tc.idempotency_key)
+        os._exit(71)
+    tc.attempts[-1].update(ended=True, duration_ms=round(duration, 2))
+    if error is None:
+        tc.attempts[-1]["error"] = None
+        tc.status, tc.result, tc.error, tc.finished_at = ToolCallStatus.OK, redact(result), "", timezone.now()
+        if t.kind in SIDE_EFFECTS:
+            _save_side_effect_result(ctx, tc, t)
+        else:
+            ctx.pending.append(tc)
+        return _result_of(tc, call)
+    return _failed_attempt(ctx, call, tc, t, error)
+
+
+def _save_side_effect_result(ctx: _Ctx, tc: ToolCall, t: Tool) -> None:
+    try:
+        with transaction.atomic():
+            _guarded(ctx)
+            _flush_pending(ctx)
+            tc.save(update_fields=["status", "result", "error", "attempts", "finished_at"])
+    except LeaseLost:
+        # Cancelled while the tool ran: undo a hybrid right away, or nobody will.
+        run = Run.objects.get(pk=ctx.run.pk)
+        if run.status in (RunStatus.CANCELLED, RunStatus.FAILED):
+            tc.save(update_fields=["status", "result", "error", "attempts", "finished_at"])
+            if t.kind == "hybrid":
+                compensate_run(run)
+        raise
+
+
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agentrun-tool")
+
+
+def _call_with_timeout(t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
+    if t.timeout <= 0:
+        return t(tctx, args)
+    future = _POOL.submit(t, tctx, args)
+    try:
+        return future.result(timeout=t.timeout)
+    except FutureTimeout:
+        raise ToolError(f"{t.name} timed out after {t.timeout:g}s", transient=True) from None
+
+
+def _failed_attempt(ctx: _Ctx, call: Call, tc: ToolCall, t: Tool, error: BaseException) -> Outcome:
+    transient = getattr(error, "transient", False) or isinstance(error, (TimeoutError, ConnectionError))
+    attempt = len(tc.attempts)
+    message = f"{type(error).__name__}: {error}"
+    tc.attempts[-1]["error"] = message
+    tc.error = message
+    if transient and attempt < t.retry.max_attempts:
+        backoff = t.retry.delay(attempt)
+        tc.attempts[-1]["backoff_s"] = backoff
+        tc.status = ToolCallStatus.INTENT if t.kind in SIDE_EFFECTS else ToolCallStatus.PLANNED
+        return _backoff(ctx, tc, backoff, message)
+    tc.status, tc.finished_at = ToolCallStatus.FAILED, timezone.now()
+    ctx.pending.append(tc)
+    failure = _failure(ctx, error, where="tool", tool=tc.tool, input=tc.args)
+    failure["attempts"] = attempt
+    return _fail(ctx, failure)
+
+
+def _backoff(ctx: _Ctx, tc: ToolCall, seconds: float, message: str) -> Outcome:
+    wake = timezone.now() + timedelta(seconds=seconds)
+    with transaction.atomic():
+        _guarded(ctx, status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at=wake,
+                 lease_owner="", lease_expires_at=None)
+        _flush_pending(ctx)
+        tc.save(update_fields=["status", "error", "attempts"])
+        record_event("tool_retry_scheduled", run=ctx.run, step=ctx.step.number,
+                     payload={"tool": tc.tool, "key": tc.idempotency_key, "attempt": len(tc.attempts),
+                              "backoff_s": seconds, "error": message})
+        # A hint only: the wake-up time is in the database and the reconciler honours it.
+        enqueue(ctx.run.pk, ctx.step.number, countdown=seconds)
+    return Outcome("backoff", str(ctx.run.pk), ctx.step.number, message)
+
+
+def _park(ctx: _Ctx, tc: ToolCall, reason: str, tc_status: str, event: str) -> Outcome:
+    with transaction.atomic():
+        _guarded(ctx, status=RunStatus.WAITING, wait_reason=reason, lease_owner="", lease_expires_at=None)
+        _flush_pending(ctx)
+        tc.status = tc_status
+        tc.save(update_fields=["status"])
+        Step.objects.filter(pk=ctx.step.pk).update(status=StepStatus.WAITING)
+        record_event(event, run=ctx.run, step=ctx.step.number,
+                     payload={"tool": tc.tool, "key": tc.idempotency_key, "args": tc.args})
+    return Outcome("waiting", str(ctx.run.pk), ctx.step.number, reason)
+
+
+# --- commit and failure ------------------------------------------------------------
+
+
+def _failure(ctx: _Ctx, exc: BaseException, *, where: str, tool: str | None = None,
+             input: Any = None, detail: Any = None) -> dict[str, Any]:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    failure = {
+        "step": ctx.step.number,
+        "where": where,
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "tool": tool,
+        "traceback": tb[-8000:],
+        "input": input,
+    }
+    if detail is not None:
+        failure["detail"] = detail
+    return redact(failure)
+
+
+def _commit(ctx: _Ctx, decision: Decision, results: list[CallResult]) -> Outcome:
+    post_state = ctx.agent.update(ctx.pre_state, decision, results, ctx.sctx)
+    finished = decision.final is not None
+    return _write_post(ctx, post_state, StepStatus.SUCCEEDED,
+                       RunStatus.SUCCEEDED if finished else RunStatus.RUNNING,
+                       final=decision.final, decision=decision)
+
+
+def _fail(ctx: _Ctx, failure: dict[str, Any]) -> Outcome:
+    """A step failed for good: post snapshot with the failure, run failed, compensate."""
+    post_state = ctx.agent.fail(ctx.pre_state, failure, ctx.sctx)
+    outcome = _write_post(ctx, post_state, StepStatus.FAILED, RunStatus.FAILED, failure=failure)
+    if outcome.status == "failed":
+        compensate_run(Run.objects.get(pk=ctx.run.pk))
+    return outcome
+
+
+def _write_post(ctx: _Ctx, post_state: dict[str, Any], step_status: str, run_status: str, *,
+                final: str | None = None, decision: Decision | None = None,
+                failure: dict[str, Any] | None = None) -> Outcome:
+    now = timezone.now()
+    number = ctx.step.number
+    snap = snapshots.build(ctx.run.pk, number, "post", post_state, ctx.pre, ctx.pre_state,
+                           outcome=step_status)
+    terminal = run_status != RunStatus.RUNNING
+    llm = (decision.llm if decision else None) or {}
+    run_changes: dict[str, Any] = {
+        "next_step": number + 1,
+        "lease_owner": "",
+        "lease_expires_at": None,
+        "phase": snap.phase,
+        "status": run_status,
+        "tokens_in": F("tokens_in") + llm.get("tokens_in", 0),
+        "tokens_out": F("tokens_out") + llm.get("tokens_out", 0),
+        "updated_at": now,
+    }
+    if terminal:
+        run_changes["finished_at"] = now
+    if final is not None:
+        run_changes["final_answer"] = final
+    if failure is not None:
+        run_changes["error"] = failure.get("message", "")[:2000]
+    if number + 1 - ctx.run.first_step >= settings.AGENTRUN_MAX_STEPS and not terminal:
+        run_changes.update(status=RunStatus.FAILED, finished_at=now, error="step limit reached")
+        terminal = True
+    try:
+        with transaction.atomic():
+            n = Run.objects.filter(pk=ctx.run.pk, next_step=number, lease_owner=ctx.owner,
+                                   status=RunStatus.RUNNING).update(**run_changes)
+            if n != 1:
+                raise LeaseLost(f"commit of step {number} refused")
+            snap.save()
+            _flush_pending(ctx)
+            Step.objects.filter(pk=ctx.step.pk).update(
+                status=step_status, phase_after=snap.phase, failure=failure, finished_at=now,
+                duration_ms=round((time.perf_counter() - ctx.started) * 1000, 3), state_size=snap.size,
+            )
+            record_event("step_failed" if failure else "step_committed", run=ctx.run, step=number,
+                         payload={"hash": snap.hash[:16], "phase": snap.phase})
+            if terminal:
+                record_event(f"run_{run_changes['status']}", run=ctx.run, step=number,
+                             payload={"error": run_changes.get("error", "")} if failure else {})
+            else:
+                enqueue(ctx.run.pk, number + 1)
+    except (LeaseLost, IntegrityError) as exc:
+        raise LeaseLost(str(exc)) from exc
+    _cache_put(str(ctx.run.pk), snap.seq, snap.hash, post_state)
+    status = "failed" if failure else ("finished" if terminal else "committed")
+    return Outcome(status, str(ctx.run.pk), number)
+
+
+# --- compensation ---------------------------------------------------------------------
+
+
+def compensate_run(run: Run) -> int:
+    """Undo the run's successful hybrid calls, newest first. Idempotent; returns how many."""
+    done = 0
+    pending = ToolCall.objects.filter(run=run, kind="hybrid", status=ToolCallStatus.OK).order_by(
+        "-step__number", "-index"
+    )
+    for tc in pending:
+        t = get_tool(tc.tool)
+        key = f"{tc.idempotency_key}:compensate"
+        tctx = ToolContext(str(run.pk), tc.step.number, tc.index, key)
+        try:
+            outcome = t.compensate(tctx, tc.args, tc.result) if t.compensate else None
+            tc.compensation = {"status": "ok", "at": timezone.now().isoformat(), "key": key,
+                               "result": redact(outcome)}
+            tc.status = ToolCallStatus.COMPENSATED
+            done += 1
+        except Exception as exc:  # recorded; the reconciler tries again
+            tc.compensation = {"status": "failed", "at": timezone.now().isoformat(), "key": key,
+                               "error": f"{type(exc).__name__}: {exc}"}
+        with transaction.atomic():
+            tc.save(update_fields=["status", "compensation"])
+            record_event("compensated" if tc.status == ToolCallStatus.COMPENSATED else "compensation_failed",
+                         run=run, step=tc.step.number,
+                         payload={"tool": tc.tool, "key": tc.idempotency_key, **tc.compensation})
+    return done

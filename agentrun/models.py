@@ -1,0 +1,401 @@
+"""The truth about every run lives in these tables.
+
+Status changes that race (claim, commit, cancel) are conditional UPDATEs:
+`Run.objects.filter(pk=..., next_step=n, lease_owner=me).update(...) == 1`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING)
+TERMINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class WaitReason(models.TextChoices):
+    NONE = ""
+    APPROVAL = "approval"
+    IN_DOUBT = "in_doubt"
+    BACKOFF = "backoff"
+
+
+class ReplayMode(models.TextChoices):
+    NORMAL = ""
+    SANDBOX = "sandbox"
+    RECORDED = "recorded"
+    LIVE = "live"
+
+
+class RunQuerySet(models.QuerySet["Run"]):
+    def active(self) -> RunQuerySet:
+        return self.filter(status__in=ACTIVE_STATUSES)
+
+    def runnable(self, now: datetime) -> RunQuerySet:
+        """Runs a worker could claim right now: not parked, not leased, due."""
+        return self.filter(status__in=(RunStatus.QUEUED, RunStatus.RUNNING)).filter(
+            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
+            Q(wake_at__isnull=True) | Q(wake_at__lte=now),
+        )
+
+    def due_backoff(self, now: datetime) -> RunQuerySet:
+        return self.filter(status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at__lte=now)
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.CharField(max_length=100)
+    agent_version = models.CharField(max_length=64, blank=True)
+    input = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    wait_reason = models.CharField(max_length=16, choices=WaitReason.choices, blank=True)
+    phase = models.CharField(max_length=16, default="idle")
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="forks")
+    forked_from = models.ForeignKey(
+        "Snapshot", null=True, blank=True, on_delete=models.PROTECT, related_name="forks"
+    )
+    mode = models.CharField(max_length=16, choices=ReplayMode.choices, blank=True)
+    # Recorded replay: the first step where the fork's state stopped matching its parent's.
+    divergence_step = models.IntegerField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    first_step = models.IntegerField(default=1)
+    next_step = models.IntegerField(default=1)
+    lease_owner = models.CharField(max_length=100, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # When a parked (backoff) run is due again. Lives here, not in a Celery countdown.
+    wake_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    final_answer = models.TextField(blank=True)
+    tokens_in = models.IntegerField(default=0)
+    tokens_out = models.IntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # The run list: newest first, optionally by status.
+            models.Index(fields=["status", "-created_at"], name="run_status_created"),
+            models.Index(fields=["agent", "-created_at"], name="run_agent_created"),
+            # The reconciler: active runs whose lease expired or whose wake-up is due.
+            models.Index(fields=["status", "lease_expires_at"], name="run_status_lease"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent} {self.id}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    @property
+    def is_fork(self) -> bool:
+        return self.parent_id is not None
+
+    @property
+    def duration(self) -> timedelta | None:
+        if not self.started_at:
+            return None
+        return (self.finished_at or timezone.now()) - self.started_at
+
+    @property
+    def steps_done(self) -> int:
+        return self.next_step - self.first_step
+
+    def lineage(self) -> list[Run]:
+        """The parent chain, oldest first, ending with this run."""
+        chain = [self]
+        seen = {self.pk}
+        while chain[0].parent_id and chain[0].parent_id not in seen:
+            parent = Run.objects.get(pk=chain[0].parent_id)
+            seen.add(parent.pk)
+            chain.insert(0, parent)
+        return chain
+
+
+class StepStatus(models.TextChoices):
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Step(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    number = models.IntegerField()
+    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.RUNNING)
+    attempts = models.IntegerField(default=0)
+    phase_before = models.CharField(max_length=16, blank=True)
+    phase_after = models.CharField(max_length=16, blank=True)
+    # thought, rationale, calls | final; for LLM agents also the raw request/response.
+    decision = models.JSONField(null=True, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_count = models.IntegerField(default=0)
+    failure = models.JSONField(null=True, blank=True)
+    tokens_in = models.IntegerField(default=0)
+    tokens_out = models.IntegerField(default=0)
+    llm_latency_ms = models.FloatField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    state_size = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [models.UniqueConstraint(fields=["run", "number"], name="step_run_number")]
+
+    def __str__(self) -> str:
+        return f"step {self.number} of {self.run_id}"
+
+    @property
+    def thought(self) -> str:
+        return (self.decision or {}).get("thought", "")
+
+    @property
+    def rationale(self) -> str:
+        return (self.decision or {}).get("rationale", "")
+
+
+class SnapshotKind(models.TextChoices):
+    FULL = "full"  # a keyframe: the whole state
+    DELTA = "delta"  # ops against the previous snapshot of the run
+    REF = "ref"  # same state as the previous snapshot (pre of k == post of k-1)
+
+
+class Snapshot(models.Model):
+    """The agent's whole state at one boundary: before (pre) or after (post) a step.
+
+    Stored as a delta from the previous snapshot of the same run with a full
+    keyframe whenever the deltas since the last one outweigh the state itself;
+    read it with `agentrun.snapshots.load_state(snapshot)`.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="snapshots")
+    step = models.IntegerField()
+    at = models.CharField(max_length=4, choices=[("pre", "pre"), ("post", "post")])
+    # Position in the run: 2*step for pre, 2*step+1 for post.
+    seq = models.IntegerField()
+    kind = models.CharField(max_length=8, choices=SnapshotKind.choices)
+    data = models.JSONField(null=True, blank=True)
+    keyframe_seq = models.IntegerField()
+    hash = models.CharField(max_length=64)
+    size = models.IntegerField(help_text="bytes of the whole state as compact JSON")
+    stored_bytes = models.IntegerField(default=0, help_text="bytes of data as stored")
+    chain_bytes = models.IntegerField(default=0, help_text="delta bytes since the keyframe")
+    phase = models.CharField(max_length=16, blank=True)
+    outcome = models.CharField(max_length=16, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="snapshot_run_seq"),
+            models.UniqueConstraint(fields=["run", "step", "at"], name="snapshot_run_step_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at} {self.step} of {self.run_id}"
+
+    @staticmethod
+    def seq_for(step: int, at: str) -> int:
+        return step * 2 + (1 if at == "post" else 0)
+
+    def state(self) -> dict[str, Any]:
+        from agentrun.snapshots import load_state
+
+        return load_state(self)
+
+
+class ToolCallStatus(models.TextChoices):
+    PLANNED = "planned"
+    AWAITING_APPROVAL = "awaiting_approval"
+    INTENT = "intent"
+    OK = "ok"
+    FAILED = "failed"
+    IN_DOUBT = "in_doubt"
+    COMPENSATED = "compensated"
+    SKIPPED = "skipped"
+    REJECTED = "rejected"
+
+
+class ToolCall(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="tool_calls")
+    index = models.IntegerField()
+    tool = models.CharField(max_length=100)
+    kind = models.CharField(max_length=8)
+    args = models.JSONField(default=dict)
+    args_hash = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=300, unique=True)
+    status = models.CharField(max_length=20, choices=ToolCallStatus.choices)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    # [{"at": iso, "error": str|None, "backoff_s": float|None, "duration_ms": float}]
+    attempts = models.JSONField(default=list)
+    requires_approval = models.BooleanField(default=False)
+    approval = models.JSONField(null=True, blank=True)
+    compensation = models.JSONField(null=True, blank=True)
+    from_cache = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "step__number", "index"]
+        constraints = [models.UniqueConstraint(fields=["step", "index"], name="toolcall_step_index")]
+        indexes = [
+            # The audit page and the per-run read cache: calls of one kind, by tool.
+            models.Index(fields=["kind", "-created_at"], name="toolcall_kind_created"),
+            models.Index(fields=["run", "tool", "args_hash"], name="toolcall_run_tool_args"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} {self.idempotency_key}"
+
+
+class Event(models.Model):
+    """Append-only log of what the system and the operators did.
+
+    UPDATE and DELETE are refused by a database trigger (see the migration).
+    """
+
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="events", db_constraint=False)
+    step = models.IntegerField(null=True, blank=True)
+    kind = models.CharField(max_length=40)
+    actor = models.CharField(max_length=150)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False
+    )
+    reason = models.TextField(blank=True)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [
+            # The audit page: newest operator actions first, by kind.
+            models.Index(fields=["kind", "-created_at"], name="event_kind_created"),
+            models.Index(fields=["run", "created_at"], name="event_run_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} by {self.actor}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None and not self._state.adding:
+            raise PermissionError("events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        raise PermissionError("events are append-only")
+
+
+class ApiToken(models.Model):
+    """Bearer tokens for the JSON API; only a hash is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… for {self.user}"
+
+    @staticmethod
+    def digest_of(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, user: Any) -> str:
+        token = "art_" + secrets.token_urlsafe(32)
+        cls.objects.create(user=user, digest=cls.digest_of(token), prefix=token[:12])
+        return token
+
+
+# --- tables behind the built-in test tools ---------------------------------
+
+
+class LedgerEntry(models.Model):
+    """One row per idempotency key: what `ledger_write` did."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="ledger_entries")
+    idempotency_key = models.CharField(max_length=300, unique=True)
+    account = models.CharField(max_length=200)
+    amount = models.DecimalField(max_digits=18, decimal_places=4)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.account} {self.amount}"
+
+
+class LedgerInvocation(models.Model):
+    """Counts every invocation of `ledger_write` per key, duplicates included."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="ledger_invocations")
+    idempotency_key = models.CharField(max_length=300, unique=True)
+    count = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.idempotency_key} x{self.count}"
+
+
+class OutboxMessage(models.Model):
+    """What `notify` sent: not idempotent, one row per invocation."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="outbox")
+    idempotency_key = models.CharField(max_length=300)
+    to = models.CharField(max_length=200, blank=True)
+    body = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"to {self.to}"
+
+
+class InventoryItem(models.Model):
+    sku = models.CharField(max_length=100, unique=True)
+    on_hand = models.IntegerField(default=100)
+    reserved = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return self.sku
+
+
+class Reservation(models.Model):
+    """A hold on inventory by `reserve`, released by its compensation."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="reservations")
+    idempotency_key = models.CharField(max_length=300, unique=True)
+    sku = models.CharField(max_length=100)
+    qty = models.IntegerField()
+    released = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.qty} x {self.sku}"

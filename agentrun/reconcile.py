@@ -1,0 +1,47 @@
+"""The reconciler: the broker is only a wake-up, so something must notice a lost one.
+
+One pass finds
+- runs that could run now but nobody holds (a lost or never-sent message, a
+  worker that died and whose lease expired, a backoff that is due),
+- failed or cancelled runs with hybrid calls not yet compensated,
+and acts on them. Celery beat runs it every AGENTRUN_RECONCILE_EVERY seconds;
+`manage.py reconcile` runs one pass.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from agentrun.engine import compensate_run, enqueue
+from agentrun.models import Run, RunStatus, ToolCall, ToolCallStatus, WaitReason
+
+
+def reconcile_once(grace_seconds: float | None = None) -> dict[str, int]:
+    """One pass; returns how many runs were re-enqueued and compensated."""
+    now = timezone.now()
+    # A run queued a moment ago still has its message in flight: leave it be.
+    grace = timedelta(seconds=grace_seconds if grace_seconds is not None else settings.AGENTRUN_RECONCILE_EVERY)
+    unleased = Q(lease_expires_at__isnull=True, updated_at__lt=now - grace)
+    expired = Q(lease_expires_at__lt=now)
+    stalled = Run.objects.filter(status__in=(RunStatus.QUEUED, RunStatus.RUNNING)).filter(unleased | expired)
+    due = Run.objects.filter(status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at__lte=now)
+    enqueued = 0
+    for run_id, next_step in list(stalled.values_list("id", "next_step")) + list(
+        due.values_list("id", "next_step")
+    ):
+        enqueue(run_id, next_step)
+        enqueued += 1
+    compensated = 0
+    to_undo = (
+        ToolCall.objects.filter(kind="hybrid", status=ToolCallStatus.OK)
+        .filter(run__status__in=(RunStatus.FAILED, RunStatus.CANCELLED))
+        .values_list("run_id", flat=True)
+        .distinct()
+    )
+    for run in Run.objects.filter(pk__in=list(to_undo)):
+        compensated += compensate_run(run)
+    return {"enqueued": enqueued, "compensated": compensated}

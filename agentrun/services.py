@@ -1,0 +1,115 @@
+"""Operations on runs that the API, the dashboard and the commands share.
+
+Each one validates first and writes nothing on bad input; operator actions
+are recorded as events naming the user.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from agentrun.agents import InvalidInput, get_agent
+from agentrun.engine import compensate_run, enqueue
+from agentrun.events import record_event
+from agentrun.models import (
+    ACTIVE_STATUSES,
+    Run,
+    RunStatus,
+    StepStatus,
+    ToolCall,
+    ToolCallStatus,
+    WaitReason,
+)
+from agentrun.redact import redact
+
+
+class ActionError(ValueError):
+    """The action doesn't apply to the run as it is (e.g. approving a finished run)."""
+
+
+def start_run(agent_name: Any, input: Any, *, user: Any = None) -> Run:
+    """Validate and create a queued run, then wake a worker for its first step."""
+    if not isinstance(agent_name, str) or not agent_name:
+        raise InvalidInput("agent must be a non-empty string")
+    agent = get_agent(agent_name)
+    size = len(json.dumps(input, default=str).encode())
+    if size > settings.AGENTRUN_MAX_INPUT_BYTES:
+        raise InvalidInput(f"input is {size} bytes; the limit is {settings.AGENTRUN_MAX_INPUT_BYTES}")
+    agent.validate_input(input)
+    with transaction.atomic():
+        run = Run.objects.create(
+            agent=agent.name, agent_version=agent.version, input=redact(input), created_by=user,
+        )
+        record_event("run_created", run=run, user=user, payload={"agent": agent.name})
+        enqueue(run.pk, run.next_step)
+    return run
+
+
+def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
+    """Cancel an active run; its successful hybrid calls are compensated."""
+    now = timezone.now()
+    with transaction.atomic():
+        n = Run.objects.filter(pk=run.pk, status__in=ACTIVE_STATUSES).update(
+            status=RunStatus.CANCELLED, wait_reason="", finished_at=now, updated_at=now,
+            lease_owner="", lease_expires_at=None, wake_at=None,
+        )
+        if n != 1:
+            raise ActionError(f"run is {Run.objects.get(pk=run.pk).status}; only an active run can be cancelled")
+        run.steps.filter(status__in=(StepStatus.RUNNING, StepStatus.WAITING)).update(
+            status=StepStatus.CANCELLED, finished_at=now
+        )
+        record_event("run_cancelled", run=run, user=user, reason=reason)
+    run.refresh_from_db()
+    compensate_run(run)
+    return run
+
+
+def decide_approval(run: Run, *, user: Any, decision: str, comment: str = "",
+                    resolution: str | None = None) -> Run:
+    """An operator approves or rejects the call the run is waiting on.
+
+    For a call left in doubt, `resolution` says what "approve" means: "retry"
+    (invoke it again; the default) or "mark_done" (it did happen; go on).
+    """
+    if decision not in ("approve", "reject"):
+        raise ActionError('decision must be "approve" or "reject"')
+    if resolution not in (None, "retry", "mark_done"):
+        raise ActionError('resolution must be "retry" or "mark_done"')
+    run.refresh_from_db()
+    if run.status != RunStatus.WAITING or run.wait_reason not in (WaitReason.APPROVAL, WaitReason.IN_DOUBT):
+        raise ActionError(f"run is {run.status}{' (' + run.wait_reason + ')' if run.wait_reason else ''}; "
+                          "it is not waiting for an operator")
+    waiting_status = (ToolCallStatus.AWAITING_APPROVAL if run.wait_reason == WaitReason.APPROVAL
+                      else ToolCallStatus.IN_DOUBT)
+    tc = ToolCall.objects.filter(run=run, status=waiting_status).order_by("-step__number", "index").first()
+    if tc is None:
+        raise ActionError("no tool call is waiting for a decision")
+    record = {"decision": decision, "by": user.get_username(), "at": timezone.now().isoformat(),
+              "comment": comment}
+    if run.wait_reason == WaitReason.IN_DOUBT:
+        record["resolution"] = resolution or "retry"
+    with transaction.atomic():
+        n = Run.objects.filter(pk=run.pk, status=RunStatus.WAITING, wait_reason=run.wait_reason).update(
+            status=RunStatus.QUEUED, wait_reason="", updated_at=timezone.now()
+        )
+        if n != 1:
+            raise ActionError("the run changed meanwhile; reload and try again")
+        if decision == "reject" and run.wait_reason == WaitReason.IN_DOUBT:
+            record["resolution"] = "reject"
+        tc.approval = record
+        tc.status = ToolCallStatus.PLANNED if run.wait_reason == WaitReason.APPROVAL else ToolCallStatus.IN_DOUBT
+        if run.wait_reason == WaitReason.IN_DOUBT and decision == "reject":
+            tc.requires_approval = True  # the engine fails the run on a rejected call
+        tc.save(update_fields=["approval", "status", "requires_approval"])
+        run.steps.filter(number=run.next_step).update(status=StepStatus.RUNNING)
+        record_event("approved" if decision == "approve" else "rejected", run=run, step=run.next_step,
+                     user=user, reason=comment, payload={"tool": tc.tool, "key": tc.idempotency_key,
+                                                         "resolution": record.get("resolution")})
+        enqueue(run.pk, run.next_step)
+    run.refresh_from_db()
+    return run

@@ -1,0 +1,15 @@
+"""Celery tasks: thin shims over functions that are tested without a broker."""
+
+from celery import shared_task
+
+from agentrun import engine, reconcile
+
+
+@shared_task(name="agentrun.execute_step")
+def execute_step_task(run_id: str, step: int) -> str:
+    return engine.execute_step(run_id, step).status
+
+
+@shared_task(name="agentrun.reconcile")
+def reconcile_task() -> dict:
+    return reconcile.reconcile_once()
