@@ -235,7 +235,7 @@ class StateAgent(Agent):
     def fail(self, state: dict[str, Any], failure: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
         st = self.load(state)
         st.record_failure(**failure)
-        if st.phase != Phase.DONE:
+        if st.phase not in (Phase.DONE, Phase.ERROR):
             st.fail(failure.get("message") or "failed")
         return st.to_dict()
 

@@ -43,11 +43,13 @@ from agentrun.models import (
 )
 from agentrun.events import record_event
 from agentrun.redact import redact
-from agentrun.tools import Tool, ToolContext, ToolError, get_tool
+from agentrun.tools import RetryPolicy, Tool, ToolContext, ToolError, get_tool
 
 log = logging.getLogger(__name__)
 
 CLAIMABLE = (RunStatus.QUEUED, RunStatus.RUNNING)
+# A policy whose provider answered "try later" (429, 5xx, timeout) is asked again after this.
+DECIDE_RETRY = RetryPolicy(max_attempts=4, initial=1.0, maximum=30.0)
 SIDE_EFFECTS = ("write", "hybrid")
 
 
@@ -174,6 +176,8 @@ def claim(run_id: str, number: int, owner: str) -> _Ctx | None:
             )
         )
         if claimed != 1:
+            log.info("step %s of %s not claimable: %s", number, run_id,
+                     Run.objects.filter(pk=run_id).values("status", "next_step", "lease_expires_at", "wake_at").first())
             return None
         run = Run.objects.get(pk=run_id)
         if run.started_at is None:
@@ -263,6 +267,8 @@ def _decide(ctx: _Ctx) -> Decision | Outcome:
         decision = ctx.agent.decide(ctx.pre_state, ctx.sctx)
         problem = _check_decision(ctx.agent, decision)
     except AgentError as exc:
+        if exc.transient and ctx.step.attempts < DECIDE_RETRY.max_attempts:
+            return _backoff(ctx, None, DECIDE_RETRY.delay(ctx.step.attempts), f"decide: {exc}")
         return _fail(ctx, _failure(ctx, exc, where="decide", detail=exc.detail))
     except Exception as exc:
         return _fail(ctx, _failure(ctx, exc, where="decide"))
@@ -504,16 +510,20 @@ def _failed_attempt(ctx: _Ctx, call: Call, tc: ToolCall, t: Tool, error: BaseExc
     return _fail(ctx, failure)
 
 
-def _backoff(ctx: _Ctx, tc: ToolCall, seconds: float, message: str) -> Outcome:
+def _backoff(ctx: _Ctx, tc: ToolCall | None, seconds: float, message: str) -> Outcome:
+    """Park the run until `seconds` from now; the step is retried then (same decision)."""
     wake = timezone.now() + timedelta(seconds=seconds)
     with transaction.atomic():
         _guarded(ctx, status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at=wake,
                  lease_owner="", lease_expires_at=None)
         _flush_pending(ctx)
-        tc.save(update_fields=["status", "error", "attempts"])
-        record_event("tool_retry_scheduled", run=ctx.run, step=ctx.step.number,
-                     payload={"tool": tc.tool, "key": tc.idempotency_key, "attempt": len(tc.attempts),
-                              "backoff_s": seconds, "error": message})
+        if tc is not None:
+            tc.save(update_fields=["status", "error", "attempts"])
+            payload = {"tool": tc.tool, "key": tc.idempotency_key, "attempt": len(tc.attempts)}
+        else:
+            payload = {"attempt": ctx.step.attempts}
+        record_event("retry_scheduled", run=ctx.run, step=ctx.step.number,
+                     payload={**payload, "backoff_s": seconds, "error": message})
         # A hint only: the wake-up time is in the database and the reconciler honours it.
         enqueue(ctx.run.pk, ctx.step.number, countdown=seconds)
     return Outcome("backoff", str(ctx.run.pk), ctx.step.number, message)

@@ -152,11 +152,15 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict = {
 }
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
+    for _d in ("queue", "processed"):
+        (_broker_dir / _d).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS.update(
         data_folder_in=str(_broker_dir / "queue"),
         data_folder_out=str(_broker_dir / "queue"),
         processed_folder=str(_broker_dir / "processed"),
         store_processed=False,
+        # kombu polls a folder; its default of 1 s would make every step wait.
+        polling_interval=0.05,
     )
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

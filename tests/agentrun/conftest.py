@@ -1,0 +1,23 @@
+import pytest
+
+from agentrun.celery import app as celery_app
+
+from tests.workers import Worker
+
+
+@pytest.fixture
+def start_worker(tmp_path, settings):
+    """Start real worker processes; the test process enqueues for them."""
+    settings.AGENTRUN_ENQUEUE = True
+    # Messages left by earlier tests would only slow the worker down.
+    celery_app.control.purge()
+    started: list[Worker] = []
+
+    def start(**kwargs) -> Worker:
+        worker = Worker(tmp_path, **kwargs)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
