@@ -1,0 +1,489 @@
+"""The `llm` agent: a real LLM decides each step, over an OpenAI-compatible
+chat-completions API with tool calling.
+
+    {"goal": "Say hello through the echo tool, then tell me what it returned.",
+     "tools": ["echo", "sleep"],      # optional; default: the read tools echo, sleep
+     "system": "You are terse.",      # optional; "" sends no system message
+     "model": "gpt-4o-mini",          # optional; default settings.AGENTRUN_LLM_MODEL
+     "max_tokens_context": 8000}      # optional; history budget for truncate_history
+
+Each `decide` sends the run's history (truncated to the budget, system
+messages kept) with the run's tools as function definitions, in exactly one
+request: the SDK's own retries are off, because the engine owns retries.
+Tool calls become `Call(tool, args, call_id=<the model's tool call id>)`;
+an answer without tool calls is the final answer.
+
+The base URL is a deployment setting (AGENTRUN_LLM_BASE_URL), deliberately not
+a run input: the API key is sent there. The key is read from the environment
+at each call (AGENTRUN_LLM_API_KEY, else OPENAI_API_KEY) and never stored: the
+request recorded on the decision is built here from the messages (no client
+headers), and everything returned (request, response, failure details) is
+scrubbed of the key and redacted.
+
+Provider errors raise AgentError: HTTP 408/429/5xx, timeouts and connection
+errors with `transient=True`, every other error with `transient=False`;
+`detail` holds the status, the response body and the request id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import openai
+from django.conf import settings
+
+from agentrun.agents import (
+    AgentError,
+    Call,
+    Decision,
+    InvalidInput,
+    StateAgent,
+    StepContext,
+    register,
+)
+from agentrun.redact import REDACTED, redact
+from agentrun.state import AgentState, history_to_messages, message_tokens, truncate_history
+from agentrun.tools import REGISTRY, get_tool
+
+log = logging.getLogger(__name__)
+
+#: Environment variables holding the API key, in order of preference.
+API_KEY_ENV = ("AGENTRUN_LLM_API_KEY", "OPENAI_API_KEY")
+DEFAULT_TOOLS = ("echo", "sleep")
+#: History budget (estimated tokens, see agentrun.state.estimate_tokens) when the input has none.
+DEFAULT_CONTEXT_TOKENS = 64_000
+MAX_CONTEXT_TOKENS = 10_000_000
+#: The chat-completions API accepts at most 128 tools per request.
+MAX_TOOLS = 128
+INPUT_KEYS = ("goal", "tools", "system", "model", "max_tokens_context")
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an agent working towards the user's goal, one step at a time. "
+    "Call the available tools when they help. When you have the answer, reply "
+    "with it as plain text and call no tool."
+)
+#: Keys shorter than this are placeholders for servers that need none; scrubbing them
+#: from text would mangle ordinary words.
+_MIN_SCRUB_LENGTH = 8
+_BODY_LIMIT = 4000
+
+
+def api_key() -> str | None:
+    """The provider API key from the environment, read at every call."""
+    for name in API_KEY_ENV:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def tool_definitions(names: list[str]) -> list[dict[str, Any]]:
+    """Chat-completions function definitions of the named registered tools."""
+    definitions = []
+    for name in names:
+        t = get_tool(name)
+        function: dict[str, Any] = {"name": t.name}
+        if t.description:
+            function["description"] = t.description
+        function["parameters"] = t.parameters or {"type": "object", "properties": {}}
+        definitions.append({"type": "function", "function": function})
+    return definitions
+
+
+_HTTP: tuple[int, Any] | None = None
+_HTTP_LOCK = threading.Lock()
+
+
+def _http_client() -> Any:
+    """The process's shared HTTP connection pool (building one costs ~100 ms of TLS setup).
+
+    Re-created after a fork: a Celery prefork child must not share its parent's sockets.
+    """
+    global _HTTP
+    with _HTTP_LOCK:
+        if _HTTP is None or _HTTP[0] != os.getpid() or _HTTP[1].is_closed:
+            _HTTP = (os.getpid(), openai.DefaultHttpxClient())
+        return _HTTP[1]
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _public_url(url: str) -> str:
+    """The URL without user info, query or fragment (they may carry credentials)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _scrub(value: Any, secret: str | None) -> Any:
+    """Replace every occurrence of `secret` in the strings of a JSON-like value."""
+    if not secret or len(secret) < _MIN_SCRUB_LENGTH:
+        return value
+    if isinstance(value, str):
+        return value.replace(secret, REDACTED) if secret in value else value
+    if isinstance(value, dict):
+        return {k: _scrub(v, secret) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v, secret) for v in value]
+    return value
+
+
+def _clean(value: Any, secret: str | None) -> Any:
+    return redact(_scrub(value, secret))
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _body_message(body: Any, text: str) -> str:
+    """The human part of a provider error body ({"error": {"message": ...}} or text)."""
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+        if isinstance(body.get("message"), str):
+            return body["message"]
+    return text.strip()
+
+
+def _is_transient_status(status: int) -> bool:
+    return status in (408, 429) or status >= 500
+
+
+@register
+class LLMAgent(StateAgent):
+    """An LLM picks each step's tool calls or final answer (chat completions)."""
+
+    name = "llm"
+    description = "A real LLM over an OpenAI-compatible chat-completions API with tool calling."
+    # The tools are chosen per run (input "tools"); decide() enforces them.
+    tools = ()
+    system_prompt = DEFAULT_SYSTEM_PROMPT
+
+    # ---- input and state ---------------------------------------------------
+
+    def validate_input(self, input: Any) -> None:
+        super().validate_input(input)
+        unknown = sorted(set(input) - set(INPUT_KEYS))
+        if unknown:
+            raise InvalidInput(
+                f"unknown key(s) {', '.join(map(str, unknown))} (allowed: {', '.join(INPUT_KEYS)})"
+            )
+        goal = input.get("goal")
+        if not isinstance(goal, str) or not goal.strip():
+            got = "an empty string" if isinstance(goal, str) else _json_type(goal)
+            raise InvalidInput(f"goal must be a non-empty string, got {got}")
+        tools = input.get("tools")
+        if tools is not None:
+            if not isinstance(tools, list):
+                raise InvalidInput(f"tools must be a list of tool names, got {_json_type(tools)}")
+            if len(tools) > MAX_TOOLS:
+                raise InvalidInput(f"tools: at most {MAX_TOOLS} tools, got {len(tools)}")
+            for i, name in enumerate(tools):
+                if not isinstance(name, str):
+                    raise InvalidInput(
+                        f"tools[{i}] must be a tool name (string), got {_json_type(name)}"
+                    )
+                if name not in REGISTRY:
+                    known = ", ".join(sorted(REGISTRY))
+                    raise InvalidInput(f"tools[{i}]: unknown tool {name!r} (known: {known})")
+                if name in tools[:i]:
+                    raise InvalidInput(f"tools[{i}]: tool {name!r} is listed twice")
+        system = input.get("system")
+        if system is not None and not isinstance(system, str):
+            raise InvalidInput(f"system must be a string, got {_json_type(system)}")
+        model = input.get("model")
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            got = "an empty string" if isinstance(model, str) else _json_type(model)
+            raise InvalidInput(f"model must be a non-empty string, got {got}")
+        budget = input.get("max_tokens_context")
+        if budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, int):
+                raise InvalidInput(
+                    f"max_tokens_context must be an integer, got {_json_type(budget)}"
+                )
+            if not 1 <= budget <= MAX_CONTEXT_TOKENS:
+                raise InvalidInput(
+                    f"max_tokens_context must be between 1 and {MAX_CONTEXT_TOKENS}, got {budget}"
+                )
+
+    def initial_state(self, input: dict[str, Any]) -> dict[str, Any]:
+        state = AgentState()
+        goal = str(input.get("goal", ""))
+        state.memory = {"goal": goal, "plan": [], "completed": [], "notes": {}}
+        system = input.get("system")
+        if system is None:
+            system = self.system_prompt
+        if system:
+            state.add_message("system", system)
+        state.add_message("user", goal)
+        return state.to_dict()
+
+    # ---- deciding ----------------------------------------------------------
+
+    def decide(self, state: dict[str, Any], ctx: StepContext) -> Decision:
+        inp = ctx.input
+        model = inp.get("model") or settings.AGENTRUN_LLM_MODEL
+        names = list(DEFAULT_TOOLS if inp.get("tools") is None else inp["tools"])
+        budget = inp.get("max_tokens_context") or DEFAULT_CONTEXT_TOKENS
+        base_url = settings.AGENTRUN_LLM_BASE_URL
+        timeout = float(settings.AGENTRUN_LLM_TIMEOUT)
+
+        history = history_to_messages(self.load(state))
+        messages = [dict(m) for m in truncate_history(history, budget)]
+        try:
+            tools = tool_definitions(names)
+        except KeyError as exc:  # the run's input named a tool that has since gone away
+            raise AgentError(f"this run's tools: {exc.args[0]}", detail={"tools": names}) from None
+        request: dict[str, Any] = {"model": model, "messages": messages, "tools": names}
+        if len(messages) < len(history):
+            request["dropped_messages"] = len(history) - len(messages)
+        where = {"model": model, "base_url": _public_url(base_url)}
+
+        key = api_key()
+        if key is None:
+            raise AgentError(
+                f"no API key for the LLM provider: set {API_KEY_ENV[0]} (or {API_KEY_ENV[1]})",
+                detail=where,
+            )
+        kwargs: dict[str, Any] = {"model": model, "messages": messages}
+        if tools:
+            kwargs["tools"] = tools
+        started = time.perf_counter()
+        try:
+            # A client per call holds the key only for this call; the connection
+            # pool underneath is shared and holds no credentials.
+            client = openai.OpenAI(
+                api_key=key,
+                base_url=base_url,
+                timeout=timeout,
+                max_retries=0,
+                http_client=_http_client(),
+            )
+            raw = client.chat.completions.with_raw_response.create(**kwargs)
+            body_text = raw.text
+        except openai.OpenAIError as exc:
+            raise _provider_error(exc, key=key, timeout=timeout, where=where) from None
+        latency_ms = round((time.perf_counter() - started) * 1000, 3)
+
+        try:
+            response = json.loads(body_text)
+        except ValueError:
+            raise AgentError(
+                f"the LLM provider's response is not JSON ({where['base_url']}, {model})",
+                detail=_clean({**where, "body": body_text[:_BODY_LIMIT]}, key),
+            ) from None
+        if not isinstance(response, dict):
+            raise AgentError(
+                f"the LLM provider's response is a JSON {_json_type(response)}, not an object"
+                f" ({where['base_url']}, {model})",
+                detail=_clean({**where, "body": body_text[:_BODY_LIMIT]}, key),
+            )
+        response = _clean(response, key)
+        request = _clean(request, key)
+        decision = self._decision(response, model=model, names=names, where=where)
+        usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+        tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        llm: dict[str, Any] = {
+            "model": model,
+            "base_url": where["base_url"],
+            "request": request,
+            "response": response,
+            "tokens_in": tokens_in if isinstance(tokens_in, int) else 0,
+            "tokens_out": tokens_out if isinstance(tokens_out, int) else 0,
+            "latency_ms": latency_ms,
+        }
+        if not (isinstance(tokens_in, int) and isinstance(tokens_out, int)):
+            # No usage from the provider: record the local estimate and say so.
+            llm["tokens_in"] = sum(message_tokens(m) for m in messages)
+            llm["tokens_out"] = message_tokens(_first_message(response) or {})
+            llm["tokens_estimated"] = True
+        decision.llm = llm
+        log.info(
+            "llm %s step %s of %s: %s, %s tokens in, %s out, %.0f ms",
+            model,
+            ctx.step,
+            ctx.run_id,
+            decision.rationale,
+            llm["tokens_in"],
+            llm["tokens_out"],
+            latency_ms,
+        )
+        return decision
+
+    def _decision(
+        self, response: dict[str, Any], *, model: str, names: list[str], where: dict[str, Any]
+    ) -> Decision:
+        """Turn a (scrubbed, redacted) chat completion into a Decision."""
+
+        def fail(message: str, **detail: Any) -> AgentError:
+            return AgentError(message, detail={**where, **detail, "response": response})
+
+        if "choices" not in response and "error" in response:
+            raise fail(f"LLM provider error ({model}): {_short(_body_message(response, ''), 300)}")
+        message = _first_message(response)
+        if message is None:
+            raise fail(f"the LLM provider's response has no choices[0].message ({model})")
+        choice = response["choices"][0]
+        finish_reason = choice.get("finish_reason")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            raise fail(
+                f"model {model} returned content of type {_json_type(content)}, not a string",
+                raw=content,
+            )
+        tool_calls = message.get("tool_calls") or []
+        if not isinstance(tool_calls, list):
+            raise fail(f"model {model} returned tool_calls that are not a list", raw=tool_calls)
+
+        calls = [
+            self._call(tc, i, model=model, names=names, fail=fail)
+            for i, tc in enumerate(tool_calls)
+        ]
+        text = (content or "").strip()
+        if calls:
+            described = ", ".join(f"{c.tool} {_short(json.dumps(c.args), 60)}" for c in calls)
+            return Decision(
+                thought=text or f"call {described}",
+                rationale=f"model {model} chose to call {', '.join(c.tool for c in calls)}",
+                calls=calls,
+            )
+        note = f" (finish_reason={finish_reason})" if finish_reason not in (None, "stop") else ""
+        if text:
+            return Decision(
+                thought=text, rationale=f"model {model} chose to answer{note}", final=content
+            )
+        refusal = message.get("refusal")
+        if isinstance(refusal, str) and refusal.strip():
+            return Decision(
+                thought=refusal, rationale=f"model {model} chose to refuse{note}", final=refusal
+            )
+        raise fail(
+            f"model {model} returned neither tool calls nor an answer"
+            f" (finish_reason={finish_reason})",
+            raw=message,
+        )
+
+    def _call(self, tc: Any, i: int, *, model: str, names: list[str], fail: Any) -> Call:
+        """One tool call of the completion as a Call; AgentError if it can't be run."""
+        function = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(function, dict) or tc.get("type", "function") != "function":
+            raise fail(
+                f"model {model} returned tool_calls[{i}] that is not a function call", raw=tc
+            )
+        name = function.get("name")
+        call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc.get("id") else None
+        if name not in names:
+            known = "unknown tool" if name not in REGISTRY else "a tool not given to this run"
+            raise fail(
+                f"model {model} asked for {known} {name!r} (this run's tools: "
+                f"{', '.join(names) or 'none'})",
+                raw=tc,
+                tool_call_id=call_id,
+            )
+        arguments = function.get("arguments")
+        if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+            args: Any = {}
+        elif isinstance(arguments, dict):  # some compatible servers send an object
+            args = arguments
+        elif isinstance(arguments, str):
+            try:
+                args = json.loads(arguments)
+            except ValueError as exc:
+                raise fail(
+                    f"model {model} sent malformed JSON arguments for {name}: {exc}",
+                    raw=arguments,
+                    tool=name,
+                    tool_call_id=call_id,
+                ) from None
+        else:
+            args = arguments
+        if not isinstance(args, dict):
+            raise fail(
+                f"model {model} sent arguments for {name} that are a JSON {_json_type(args)}, "
+                "not an object",
+                raw=arguments,
+                tool=name,
+                tool_call_id=call_id,
+            )
+        problem = get_tool(name).check_args(args)
+        if problem:
+            raise fail(
+                f"model {model} sent arguments that don't fit {name}: {problem}",
+                raw=arguments,
+                tool=name,
+                tool_call_id=call_id,
+            )
+        return Call(name, args, call_id=call_id)
+
+
+def _first_message(response: Any) -> dict[str, Any] | None:
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    message = choices[0].get("message")
+    return message if isinstance(message, dict) else None
+
+
+def _provider_error(
+    exc: openai.OpenAIError, *, key: str, timeout: float, where: dict[str, Any]
+) -> AgentError:
+    """An AgentError for a failed request; transient when a later attempt may succeed.
+
+    Only the status, the response body and the request id are kept: never the
+    request (its headers carry the key).
+    """
+    model, base = where["model"], where["base_url"]
+    detail: dict[str, Any] = {**where, "provider_error": type(exc).__name__}
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        try:
+            text = exc.response.text
+        except Exception:  # noqa: BLE001 -- a body we can't read is not worth another error
+            text = ""
+        transient = _is_transient_status(status)
+        detail.update(status=status, body=text[:_BODY_LIMIT], request_id=exc.request_id)
+        retry_after = exc.response.headers.get("retry-after")
+        if retry_after:
+            detail["retry_after"] = retry_after
+        said = _short(_body_message(exc.body, text), 300)
+        message = f"LLM provider error: HTTP {status} from {base} ({model})" + (
+            f": {said}" if said else ""
+        )
+    elif isinstance(exc, openai.APITimeoutError):
+        transient = True
+        detail["timeout_s"] = timeout
+        message = f"LLM provider timed out after {timeout:g}s ({base}, {model})"
+    elif isinstance(exc, openai.APIConnectionError):
+        transient = True
+        cause = exc.__cause__ or exc.__context__
+        reason = f"{type(cause).__name__}: {cause}" if cause else str(exc)
+        detail["reason"] = reason
+        message = f"could not connect to the LLM provider at {base} ({model}): {reason}"
+    else:  # a response that doesn't fit the API, a client misconfiguration...
+        transient = False
+        message = f"LLM provider error ({base}, {model}): {type(exc).__name__}: {exc}"
+    detail["transient"] = transient
+    return AgentError(_scrub(message, key), transient=transient, detail=_clean(detail, key))
