@@ -1,0 +1,364 @@
+"""The OpenAPI 3.1 description of the JSON API, served at /api/openapi.json.
+
+Written by hand: the API is small, and this is its contract. Path parameters
+carry the names of the URL converters in agentrun.api_urls, and a test checks
+that every pattern there appears here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RUN_STATUSES = ["queued", "running", "waiting", "succeeded", "failed", "cancelled"]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    reasons = {
+        400: "Invalid input; `detail` names the problem. Nothing was stored.",
+        401: "No credentials, or an invalid token.",
+        403: "No role, not an operator, or a failed CSRF check (session POSTs).",
+        404: "No such run or snapshot (an invalid UUID is not found either).",
+        409: "The action doesn't apply to the run as it is.",
+        413: "The request body is larger than the server accepts.",
+    }
+    return {str(code): _json(_ref("Error"), reasons[code]) for code in codes}
+
+
+def _body(name: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
+
+
+def _path(name: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": schema or {"type": "string"},
+    }
+
+
+def _query(
+    name: str, description: str, schema: dict[str, Any], required: bool = False
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": required,
+        "description": description,
+        "schema": schema,
+    }
+
+
+RUN_ID = _path("run_id", "The run's id, a UUID.", {"type": "string", "format": "uuid"})
+NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
+ANY_JSON: dict[str, Any] = {}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["detail"],
+        "properties": {"detail": {"type": "string"}},
+    },
+    "CreateRun": {
+        "type": "object",
+        "required": ["agent", "input"],
+        "additionalProperties": False,
+        "properties": {
+            "agent": {"type": "string", "description": "A registered agent, e.g. `scripted`."},
+            "input": {
+                "type": "object",
+                "description": "The agent's input; validated by the agent.",
+            },
+        },
+    },
+    "Cancel": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"reason": {"type": "string"}},
+    },
+    "Approve": {
+        "type": "object",
+        "required": ["decision"],
+        "additionalProperties": False,
+        "properties": {
+            "decision": {"enum": ["approve", "reject"]},
+            "comment": {"type": "string"},
+            "resolution": {
+                "enum": ["retry", "mark_done"],
+                "description": "For a call left in doubt: invoke it again, or record it as done.",
+            },
+        },
+    },
+    "RunSummary": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "agent": {"type": "string"},
+            "agent_version": {"type": "string"},
+            "status": {"enum": RUN_STATUSES},
+            "wait_reason": {"enum": ["", "approval", "in_doubt", "backoff"]},
+            "phase": {"type": "string"},
+            "parent_id": {"type": ["string", "null"], "format": "uuid"},
+            "forked_from": {
+                "oneOf": [
+                    {"type": "null"},
+                    {
+                        "type": "object",
+                        "properties": {
+                            "step": {"type": "integer"},
+                            "at": {"enum": ["pre", "post"]},
+                        },
+                    },
+                ]
+            },
+            "mode": {"enum": ["", "sandbox", "recorded", "live"]},
+            "created_by": {"type": ["string", "null"], "description": "A username."},
+            "created_at": {"type": "string", "format": "date-time"},
+            "started_at": NULLABLE_TIME,
+            "finished_at": NULLABLE_TIME,
+            "next_step": {"type": "integer"},
+            "error": {"type": "string"},
+            "final_answer": {"type": "string"},
+            "tokens_in": {"type": "integer"},
+            "tokens_out": {"type": "integer"},
+        },
+    },
+    "RunDetail": {
+        "allOf": [
+            _ref("RunSummary"),
+            {
+                "type": "object",
+                "properties": {"steps": {"type": "array", "items": _ref("Step")}},
+            },
+        ]
+    },
+    "Step": {
+        "type": "object",
+        "properties": {
+            "number": {"type": "integer"},
+            "status": {"enum": ["running", "waiting", "succeeded", "failed", "cancelled"]},
+            "attempts": {"type": "integer"},
+            "phase_before": {"type": "string"},
+            "phase_after": {"type": "string"},
+            "thought": {"type": "string"},
+            "rationale": {"type": "string"},
+            "decision_count": {"type": "integer"},
+            "failure": {
+                "type": ["object", "null"],
+                "description": "type, message, traceback, tool, input of a failed step.",
+            },
+            "duration_ms": {"type": ["number", "null"]},
+            "started_at": {"type": "string", "format": "date-time"},
+            "finished_at": NULLABLE_TIME,
+            "tool_calls": {"type": "array", "items": _ref("ToolCall")},
+        },
+    },
+    "ToolCall": {
+        "type": "object",
+        "properties": {
+            "index": {"type": "integer"},
+            "tool": {"type": "string"},
+            "kind": {"enum": ["read", "write", "hybrid"]},
+            "status": {
+                "enum": [
+                    "planned",
+                    "awaiting_approval",
+                    "intent",
+                    "ok",
+                    "failed",
+                    "in_doubt",
+                    "compensated",
+                    "skipped",
+                    "rejected",
+                ]
+            },
+            "idempotency_key": {
+                "type": "string",
+                "description": "{run_id}:{step}:{call_index}:{tool}:{args_hash}",
+            },
+            "attempts": {
+                "type": "array",
+                "items": {"type": "object"},
+                "description": "Every attempt: time, error, backoff, duration.",
+            },
+            "args": {"type": "object"},
+            "result": ANY_JSON,
+            "error": {"type": "string"},
+            "approval": {"type": ["object", "null"]},
+            "compensation": {"type": ["object", "null"]},
+        },
+    },
+    "RunList": {
+        "type": "object",
+        "properties": {
+            "items": {"type": "array", "items": _ref("RunSummary")},
+            "count": {"type": "integer", "description": "All matching runs, not just this page."},
+        },
+    },
+    "Snapshot": {
+        "type": "object",
+        "properties": {
+            "step": {"type": "integer"},
+            "at": {"enum": ["pre", "post"]},
+            "hash": {"type": "string", "description": "sha256 of the state's canonical JSON."},
+            "state": {"type": "object"},
+        },
+    },
+    "Ledger": {
+        "type": "object",
+        "properties": {
+            "entries": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "idempotency_key": {"type": "string"},
+                        "account": {"type": "string"},
+                        "amount": {"type": "string", "description": "A decimal, as a string."},
+                        "created_at": {"type": "string", "format": "date-time"},
+                    },
+                },
+            },
+            "invocations": {
+                "type": "object",
+                "additionalProperties": {"type": "integer"},
+                "description": "How many times ledger_write ran per idempotency key.",
+            },
+        },
+    },
+}
+
+PATHS: dict[str, Any] = {
+    "/api/runs": {
+        "get": {
+            "operationId": "listRuns",
+            "summary": "Runs, newest first",
+            "parameters": [
+                _query("status", "Only runs with this status.", {"enum": RUN_STATUSES}),
+                _query("agent", "Only runs of this agent.", {"type": "string"}),
+                _query(
+                    "limit",
+                    "Page size.",
+                    {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+                ),
+                _query("offset", "Runs to skip.", {"type": "integer", "minimum": 0, "default": 0}),
+            ],
+            "responses": {
+                "200": _json(_ref("RunList"), "A page of runs."),
+                **_errors(400, 401, 403),
+            },
+        },
+        "post": {
+            "operationId": "startRun",
+            "summary": "Start a run (operators)",
+            "requestBody": _body("CreateRun"),
+            "responses": {
+                "201": _json(_ref("RunSummary"), "The queued run."),
+                **_errors(400, 401, 403, 413),
+            },
+        },
+    },
+    "/api/runs/{run_id}": {
+        "get": {
+            "operationId": "getRun",
+            "summary": "A run with its steps and tool calls",
+            "parameters": [RUN_ID],
+            "responses": {"200": _json(_ref("RunDetail"), "The run."), **_errors(401, 403, 404)},
+        }
+    },
+    "/api/runs/{run_id}/snapshots/{step}/{at}": {
+        "get": {
+            "operationId": "getSnapshot",
+            "summary": "The agent's whole state before (pre) or after (post) a step",
+            "parameters": [
+                RUN_ID,
+                _path("step", "The step number.", {"type": "integer", "minimum": 0}),
+                _path("at", "Before or after the step.", {"enum": ["pre", "post"]}),
+            ],
+            "responses": {
+                "200": _json(_ref("Snapshot"), "The snapshot."),
+                **_errors(401, 403, 404),
+            },
+        }
+    },
+    "/api/runs/{run_id}/cancel": {
+        "post": {
+            "operationId": "cancelRun",
+            "summary": "Cancel an active run (operators); hybrid calls are compensated",
+            "parameters": [RUN_ID],
+            "requestBody": {**_body("Cancel"), "required": False},
+            "responses": {
+                "200": _json(_ref("RunDetail"), "The cancelled run."),
+                **_errors(400, 401, 403, 404, 409, 413),
+            },
+        }
+    },
+    "/api/runs/{run_id}/approve": {
+        "post": {
+            "operationId": "decideApproval",
+            "summary": "Approve or reject the call a waiting run is parked on (operators)",
+            "parameters": [RUN_ID],
+            "requestBody": _body("Approve"),
+            "responses": {
+                "200": _json(_ref("RunDetail"), "The run, queued again."),
+                **_errors(400, 401, 403, 404, 409, 413),
+            },
+        }
+    },
+    "/api/ledger": {
+        "get": {
+            "operationId": "getLedger",
+            "summary": "What the built-in ledger_write tool wrote for a run",
+            "parameters": [
+                _query("run", "The run's id.", {"type": "string", "format": "uuid"}, required=True),
+            ],
+            "responses": {
+                "200": _json(_ref("Ledger"), "Entries and invocation counts."),
+                **_errors(400, 401, 403, 404),
+            },
+        }
+    },
+    "/api/openapi.json": {
+        "get": {
+            "operationId": "getOpenApi",
+            "summary": "This document",
+            "security": [],
+            "responses": {"200": _json({"type": "object"}, "An OpenAPI 3.1 document.")},
+        }
+    },
+}
+
+
+def document() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "agentrun",
+            "version": "1",
+            "description": (
+                'Durable LLM agent runs. Every error is JSON `{"detail": "..."}`. '
+                "Authenticate with a Bearer token (`manage.py apitoken NAME`) or a session; "
+                "session-authenticated POSTs need the csrftoken cookie's value in X-CSRFToken. "
+                "Reading needs any role; every POST needs the operator role."
+            ),
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearerAuth": []}, {"sessionAuth": []}],
+        "paths": PATHS,
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {
+                "bearerAuth": {"type": "http", "scheme": "bearer"},
+                "sessionAuth": {"type": "apiKey", "in": "cookie", "name": "sessionid"},
+            },
+        },
+    }
