@@ -1,0 +1,95 @@
+"""Start a run from the command line: `manage.py startrun AGENT --input JSON|@file [--wait]`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from agentrun import services
+from agentrun.agents import InvalidInput
+from agentrun.api import parse_json
+from agentrun.models import Run, RunStatus
+
+# --wait exit codes: 0 only when the run succeeded.
+EXIT_FAILED = 1  # failed or cancelled
+EXIT_WAITING = 2  # parked for an operator
+EXIT_TIMEOUT = 3  # still going when --timeout ran out
+POLL_SECONDS = 0.5
+
+
+def read_input(value: str) -> Any:
+    """The run input from a JSON string, or from a file when it starts with @."""
+    text, source = value, "--input"
+    if value.startswith("@"):
+        path = Path(value[1:])
+        try:
+            text, source = path.read_text(encoding="utf-8"), str(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CommandError(f"can't read input file {path}: {exc}") from None
+    try:
+        return parse_json(text)
+    except ValueError as exc:
+        raise CommandError(f"{source}: {exc}") from None
+
+
+def status_line(run: Run) -> str:
+    if run.status == RunStatus.FAILED:
+        return f"failed: {run.error}"
+    if run.status == RunStatus.WAITING:
+        return f"waiting ({run.wait_reason})"
+    return str(run.status)
+
+
+def wait_for(run: Run, timeout: float) -> Run | None:
+    """Poll until the run is finished or waits for an operator; None on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run.refresh_from_db()
+        if not run.is_active or (run.status == RunStatus.WAITING and run.wait_reason != "backoff"):
+            return run
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(POLL_SECONDS, left))
+
+
+class Command(BaseCommand):
+    help = (
+        "Start a run and print its id. With --wait, poll until it finishes or waits for an "
+        "operator, print its status, and exit 0 only if it succeeded (1 failed or cancelled, "
+        "2 waiting, 3 timeout)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("agent", help="a registered agent, e.g. scripted")
+        parser.add_argument(
+            "--input", required=True, help="the input as JSON, or @path to a JSON file"
+        )
+        parser.add_argument("--wait", action="store_true", help="wait for the run to stop moving")
+        parser.add_argument(
+            "--timeout", type=float, default=300.0, help="seconds to wait (default 300)"
+        )
+
+    def handle(
+        self, *args: Any, agent: str, input: str, wait: bool, timeout: float, **options: Any
+    ) -> None:
+        data = read_input(input)
+        try:
+            run = services.start_run(agent, data)
+        except InvalidInput as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(str(run.pk))
+        if not wait:
+            return
+        done = wait_for(run, timeout)
+        if done is None:
+            self.stdout.write(f"timeout: still {run.status} after {timeout:g}s")
+            raise SystemExit(EXIT_TIMEOUT)
+        self.stdout.write(status_line(done))
+        if done.status == RunStatus.WAITING:
+            raise SystemExit(EXIT_WAITING)
+        if done.status != RunStatus.SUCCEEDED:
+            raise SystemExit(EXIT_FAILED)
