@@ -3,6 +3,10 @@
 import os
 
 from celery import Celery
+from kombu.transport import TRANSPORT_ALIASES
+
+# "filesystem://" (the embedded default) gets the atomic-write variant.
+TRANSPORT_ALIASES["filesystem"] = "agentrun.broker:Transport"
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrun.settings")
 

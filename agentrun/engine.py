@@ -231,7 +231,7 @@ def _guarded(ctx: _Ctx, **changes: Any) -> None:
     """Extend our lease (and apply changes) only if we still hold it. In a transaction."""
     n = Run.objects.filter(
         pk=ctx.run.pk, next_step=ctx.step.number, lease_owner=ctx.owner, status=RunStatus.RUNNING
-    ).update(lease_expires_at=_lease_expiry(), updated_at=timezone.now(), **changes)
+    ).update(**{"lease_expires_at": _lease_expiry(), "updated_at": timezone.now(), **changes})
     if n != 1:
         raise LeaseLost(f"run {ctx.run.pk} step {ctx.step.number}")
 
@@ -362,7 +362,7 @@ def _act(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
                                "message": f"{tc.tool} rejected by {approval.get('by')}: {approval.get('comment', '')}",
                                "tool": tc.tool, "traceback": "", "input": tc.args})
     if t.kind == "read":
-        cached = _read_cache(ctx, tc)
+        cached = _read_cache(ctx, call, tc)
         if cached is not None:
             return cached
     if ctx.run.mode == ReplayMode.SANDBOX and t.kind in SIDE_EFFECTS:
@@ -391,7 +391,7 @@ def _was_invoked(tc: ToolCall) -> bool:
     )
 
 
-def _read_cache(ctx: _Ctx, tc: ToolCall) -> CallResult | None:
+def _read_cache(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | None:
     hit = (
         ToolCall.objects.filter(run=ctx.run, tool=tc.tool, args_hash=tc.args_hash, status=ToolCallStatus.OK)
         .exclude(pk=tc.pk)
@@ -402,7 +402,7 @@ def _read_cache(ctx: _Ctx, tc: ToolCall) -> CallResult | None:
         return None
     tc.status, tc.result, tc.from_cache, tc.finished_at = ToolCallStatus.OK, hit.result, True, timezone.now()
     ctx.pending.append(tc)
-    return _result_of(tc, Call(tc.tool, tc.args))
+    return _result_of(tc, call)
 
 
 def _skip_in_sandbox(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult:

@@ -176,9 +176,6 @@ def test_parallel_tool_calls_make_a_valid_next_request(fake):
     assert json.loads(messages[4]["content"]) == {"slept": 0}
 
 
-@pytest.mark.xfail(
-    strict=True, reason="engine: _read_cache drops the call's call_id (Call(tc.tool, tc.args))"
-)
 @pytest.mark.django_db
 def test_cached_read_result_keeps_the_models_tool_call_id(fake):
     fake.push(
@@ -308,7 +305,6 @@ def test_permanent_provider_error_fails_the_run(fake):
     assert post["failures"][-1]["detail"]["status"] == 400
 
 
-@pytest.mark.xfail(strict=True, reason="engine: transient decide errors not retried yet")
 @pytest.mark.django_db
 def test_transient_provider_error_is_retried_with_backoff(fake):
     fake.push(
