@@ -1,9 +1,34 @@
-from django.urls import path
+from django.urls import path, register_converter
 
 from debugger import views
+
+
+class BoundaryConverter:
+    """pre | post: which side of a step a snapshot was taken."""
+
+    regex = "pre|post"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(BoundaryConverter, "at")
 
 app_name = "debugger"
 urlpatterns = [
     path("", views.run_list, name="run-list"),
     path("runs/<uuid:run_id>/", views.run_detail, name="run-detail"),
+    path("runs/<uuid:run_id>/live/", views.run_live, name="run-live"),
+    path("runs/<uuid:run_id>/cancel/", views.cancel_run, name="run-cancel"),
+    path("runs/<uuid:run_id>/approval/", views.decide, name="run-approval"),
+    path("runs/<uuid:run_id>/steps/<int:number>/", views.run_detail, name="run-step"),
+    path("runs/<uuid:run_id>/steps/<int:number>/diff/", views.step_diff, name="step-diff"),
+    path("runs/<uuid:run_id>/steps/<int:number>/<at:at>/", views.snapshot, name="snapshot"),
+    path("runs/<uuid:run_id>/steps/<int:number>/<at:at>.json", views.snapshot_json, name="snapshot-json"),
+    path("diff/", views.diff_any, name="diff"),
+    path("audit/", views.audit, name="audit"),
+    path("audit/export.csv", views.audit_csv, name="audit-csv"),
 ]

@@ -1,17 +1,298 @@
-from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from __future__ import annotations
 
-from agentrun.models import Run
+import hashlib
+import json
+from typing import Any
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
+from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseStopPolling
+from django_htmx.middleware import HtmxDetails
+
+from agentrun import services
+from agentrun.models import Run, Snapshot, Step
+from agentrun.snapshots import load_state
+from debugger import audit as audit_log
+from debugger import charts, timeline
+from debugger.access import abilities, get_run_for, role_required
+from debugger.diffs import SnapshotRef, diff_states
+from debugger.forms import ApprovalForm, AuditFilterForm, CancelForm, DiffForm, RunFilterForm
+from debugger.jsontree import Path, PathError, TreeOptions, format_path, parse_path, render_tree, resolve
+
+RUNS_PER_PAGE = 50
+AUDIT_PER_PAGE = 50
+PHASES = ("idle", "planning", "executing", "reflecting", "waiting", "done", "error")
 
 
-@login_required
-def run_list(request: HttpRequest) -> HttpResponse:
-    runs = Run.objects.all()[:100]
-    return render(request, "debugger/run_list.html", {"runs": runs})
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
 
 
-@login_required
-def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
-    run = get_object_or_404(Run, pk=run_id)
-    return render(request, "debugger/run_detail.html", {"run": run, "steps": run.steps.all()})
+def _fragment(request: HtmxHttpRequest, target: str) -> bool:
+    """An htmx request for one fragment of a page (not a history restore)."""
+    return bool(request.htmx) and request.htmx.target == target and not request.htmx.history_restore_request
+
+
+def _stop_polling_unless(active: bool, response: HttpResponse) -> HttpResponse:
+    if active:
+        return response
+    stop = HttpResponseStopPolling(response.content)
+    stop["Content-Type"] = response["Content-Type"]
+    return stop
+
+
+# --- run list -------------------------------------------------------------------------
+
+
+@role_required
+def run_list(request: HtmxHttpRequest) -> HttpResponse:
+    form = RunFilterForm(request.GET)
+    runs = form.filter(Run.objects.select_related("created_by"))
+    page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    token = hashlib.sha256("|".join(f"{r.pk}:{r.updated_at.timestamp()}" for r in page).encode()
+                           ).hexdigest()[:16]
+    active = any(r.is_active for r in page)
+    query = request.GET.copy()
+    query["v"] = token
+    context = {"form": form, "page": page, "active": active,
+               "poll_url": f"{request.path}?{query.urlencode()}", **abilities(request)}
+    if _fragment(request, "run-rows"):
+        if request.GET.get("v") == token and active:
+            return HttpResponse(status=204)
+        return _stop_polling_unless(active, render(request, "debugger/run_list.html#rows", context))
+    return render(request, "debugger/run_list.html", context)
+
+
+# --- run detail -------------------------------------------------------------------------
+
+
+@role_required
+def run_detail(request: HtmxHttpRequest, run_id: Any, number: int | None = None) -> HttpResponse:
+    run = get_run_for(request, run_id)
+    if number is not None and _fragment(request, "step-body"):
+        step = get_object_or_404(Step, run=run, number=number)
+        if request.GET.get("v") == timeline.version(run) and run.is_active:
+            return HttpResponse(status=204)
+        context = {"run": run, **_step_context(run, step), **abilities(request)}
+        response = render(request, "debugger/run_detail.html#step", context)
+        return _stop_polling_unless(not context["sv"].finished and run.is_active, response)
+    rows = timeline.rows(run)
+    if number is None:
+        number = timeline.default_step(run, rows)
+    elif not any(r.number == number for r in rows):
+        raise Http404("no such step")
+    context = {**_run_context(request, run, rows), "selected": number}
+    if number is not None:
+        context.update(_step_context(run, get_object_or_404(Step, run=run, number=number)))
+    return render(request, "debugger/run_detail.html", context)
+
+
+@role_required
+def run_live(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
+    """What the run page polls while the run is active: header, strip and list, or 204."""
+    run = get_run_for(request, run_id)
+    if request.GET.get("v") == timeline.version(run) and run.is_active:
+        return HttpResponse(status=204)
+    rows = timeline.rows(run)
+    context = _run_context(request, run, rows)
+    body = render_to_string("debugger/run_detail.html#live", context, request=request)
+    body += render_to_string("debugger/run_detail.html#steplist", {**context, "oob": True}, request=request)
+    return _stop_polling_unless(run.is_active, HttpResponse(body))
+
+
+def _run_context(request: HttpRequest, run: Run, rows: list[timeline.Row]) -> dict[str, Any]:
+    points = timeline.chart_points(rows)
+    return {
+        "run": run,
+        "timeline": rows,
+        "stats": timeline.stats(run),
+        "elapsed": timeline.elapsed(run),
+        "lineage": run.lineage() if run.parent_id else [],
+        "forks": list(run.forks.order_by("created_at")[:50]),
+        "waiting_call": timeline.waiting_call(run),
+        "duration_chart": charts.duration_bars(points),
+        "size_chart": charts.size_line(points),
+        "version": timeline.version(run),
+        "phases": PHASES,
+        "cancel_form": CancelForm(),
+        **abilities(request),
+    }
+
+
+def _step_context(run: Run, step: Step) -> dict[str, Any]:
+    return {"sv": timeline.step_view(run, step), "version": timeline.version(run)}
+
+
+# --- actions --------------------------------------------------------------------------------
+
+
+def _back(request: HttpRequest, run: Run) -> HttpResponse:
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+        return redirect(target)
+    return redirect("debugger:run-detail", run_id=run.pk)
+
+
+@role_required
+@require_POST
+def cancel_run(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = get_run_for(request, run_id, "operate")
+    form = CancelForm(request.POST)
+    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    try:
+        services.cancel_run(run, user=request.user, reason=reason)
+        messages.success(request, "Run cancelled; its reservations are being released.")
+    except services.ActionError as exc:
+        messages.error(request, f"Not cancelled: {exc}")
+    return _back(request, run)
+
+
+@role_required
+@require_POST
+def decide(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = get_run_for(request, run_id, "operate")
+    form = ApprovalForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose approve or reject.")
+        return _back(request, run)
+    data = form.cleaned_data
+    try:
+        services.decide_approval(run, user=request.user, decision=data["decision"],
+                                 comment=data["comment"], resolution=data["resolution"] or None)
+        messages.success(request, "Approved: the run continues." if data["decision"] == "approve"
+                         else "Rejected: the run will fail at this call.")
+    except services.ActionError as exc:
+        messages.error(request, f"No decision recorded: {exc}")
+    return _back(request, run)
+
+
+# --- snapshots and diffs ----------------------------------------------------------------------
+
+
+def _snapshot(run: Run, number: int, at: str) -> Snapshot:
+    return get_object_or_404(Snapshot, run=run, step=number, at=at)
+
+
+def _snapshot_context(run: Run, number: int, at: str) -> dict[str, Any]:
+    step = get_object_or_404(Step, run=run, number=number)
+    snaps = {s.at: s for s in Snapshot.objects.filter(run=run, step=number).defer("data")}
+    neighbours = Step.objects.filter(run=run)
+    return {
+        "run": run, "step": step, "at": at, "snaps": snaps,
+        "prev": neighbours.filter(number__lt=number).order_by("-number").values_list("number", flat=True).first(),
+        "next": neighbours.filter(number__gt=number).order_by("number").values_list("number", flat=True).first(),
+    }
+
+
+@role_required
+def snapshot(request: HtmxHttpRequest, run_id: Any, number: int, at: str) -> HttpResponse:
+    run = get_run_for(request, run_id)
+    snap = get_object_or_404(Snapshot, run=run, step=number, at=at)
+    state = load_state(snap)
+    try:
+        path = parse_path(request.GET.get("path", ""))
+        value = resolve(state, path)
+    except (PathError, KeyError):
+        raise Http404("no such path in this snapshot") from None
+    start = request.GET.get("from")
+    base = reverse("debugger:snapshot", args=[run.pk, number, at])
+    tree = render_tree(value, TreeOptions(link=lambda p, lo: _subtree_url(base, p, lo)), path=path,
+                       start=int(start) if start and start.isdigit() else None,
+                       size=snap.size if not path else None)
+    context = {**_snapshot_context(run, number, at), "snap": snap, "tree": tree, "path": path,
+               "crumbs": _crumbs(base, path), "view": at, **abilities(request)}
+    template = "debugger/snapshot.html#pane" if _fragment(request, "snap-pane") else "debugger/snapshot.html"
+    return render(request, template, context)
+
+
+def _subtree_url(base: str, path: Path, start: int | None) -> str:
+    query = {"path": format_path(path)}
+    if start is not None:
+        query["from"] = str(start)
+    return f"{base}?{urlencode(query)}"
+
+
+def _crumbs(base: str, path: Path) -> list[tuple[str, str]]:
+    crumbs = [("$", base)]
+    for i in range(1, len(path) + 1):
+        label = f"[{path[i - 1]}]" if isinstance(path[i - 1], int) else str(path[i - 1])
+        crumbs.append((label, _subtree_url(base, path[:i], None)))
+    return crumbs
+
+
+@role_required
+def snapshot_json(request: HttpRequest, run_id: Any, number: int, at: str) -> HttpResponse:
+    run = get_run_for(request, run_id)
+    snap = get_object_or_404(Snapshot, run=run, step=number, at=at)
+    body = json.dumps(load_state(snap), indent=2, ensure_ascii=False)
+    response = HttpResponse(body, content_type="application/json; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-step-{number}-{at}.json"'
+    return response
+
+
+@role_required
+def step_diff(request: HtmxHttpRequest, run_id: Any, number: int) -> HttpResponse:
+    run = get_run_for(request, run_id)
+    pre, post = _snapshot(run, number, "pre"), _snapshot(run, number, "post")
+    result = _diff(pre, post)
+    context = {**_snapshot_context(run, number, "diff"), "diff": result, "a": pre, "b": post,
+               "a_ref": SnapshotRef(run.pk, number, "pre"), "b_ref": SnapshotRef(run.pk, number, "post"),
+               "view": "diff", **abilities(request)}
+    template = "debugger/diff.html#pane" if _fragment(request, "snap-pane") else "debugger/diff.html"
+    return render(request, template, context)
+
+
+@role_required
+def diff_any(request: HtmxHttpRequest) -> HttpResponse:
+    """Any two snapshots, of one run or of two: /diff/?a=<run>:<step>:<pre|post>&b=..."""
+    form = DiffForm(request.GET if ("a" in request.GET or "b" in request.GET) else None,
+                    initial={"a": request.GET.get("a", "")})
+    context: dict[str, Any] = {"form": form, "view": "compare", **abilities(request)}
+    if form.is_bound and form.is_valid():
+        refs = form.cleaned_data["a"], form.cleaned_data["b"]
+        a, b = (_snapshot(get_run_for(request, ref.run_id), ref.step, ref.at) for ref in refs)
+        context.update(diff=_diff(a, b), a=a, b=b, a_ref=refs[0], b_ref=refs[1])
+    status = 400 if form.is_bound and not form.is_valid() else 200
+    template = "debugger/diff.html#pane" if _fragment(request, "snap-pane") else "debugger/diff.html"
+    return render(request, template, context, status=status)
+
+
+def _diff(a: Snapshot, b: Snapshot) -> Any:
+    if a.hash == b.hash:  # same content: nothing to load
+        return diff_states({}, {}, a.size, b.size)
+    return diff_states(load_state(a), load_state(b), a.size, b.size)
+
+
+# --- audit ---------------------------------------------------------------------------------------
+
+
+@role_required
+def audit(request: HtmxHttpRequest) -> HttpResponse:
+    form = AuditFilterForm(request.GET)
+    context = {
+        "form": form,
+        "actions": Paginator(form.actions(), AUDIT_PER_PAGE).get_page(request.GET.get("apage")),
+        "calls": Paginator(form.calls(), AUDIT_PER_PAGE).get_page(request.GET.get("cpage")),
+        **abilities(request),
+    }
+    for target in ("audit-actions", "audit-calls"):
+        if _fragment(request, target):
+            return render(request, f"debugger/audit.html#{target.removeprefix('audit-')}", context)
+    return render(request, "debugger/audit.html", context)
+
+
+@role_required
+def audit_csv(request: HttpRequest) -> HttpResponse:
+    form = AuditFilterForm(request.GET)
+    response = StreamingHttpResponse(audit_log.csv_lines(form.actions(), form.calls()),
+                                     content_type="text/csv; charset=utf-8")
+    stamp = timezone.now().strftime("%Y%m%d-%H%M")
+    response["Content-Disposition"] = f'attachment; filename="agentrun-audit-{stamp}.csv"'
+    return response

@@ -1,0 +1,79 @@
+"""Who may see and do what in the debugger: one place for every access check.
+
+Every page needs a logged-in user with a role (viewer, operator or admin);
+a user without one gets 403 everywhere. Mutations need `operate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, Literal
+from uuid import UUID
+
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+
+from agentrun.models import Run
+from agentrun.roles import can_operate, can_view, role_of
+
+Perm = Literal["view", "operate"]
+
+# Run output is untrusted: no inline script may ever execute, htmx may only talk to us.
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+        "base-uri 'none'",
+        "object-src 'none'",
+    ]
+)
+
+
+def check(request: HttpRequest, perm: Perm = "view") -> None:
+    """Raise PermissionDenied unless the logged-in user may `perm`."""
+    allowed = can_operate(request.user) if perm == "operate" else can_view(request.user)
+    if not allowed:
+        raise PermissionDenied(f"{perm} needs a role that allows it")
+
+
+def role_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Login, then any role; every debugger response also gets the CSP header."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        check(request, "view")
+        response = view(request, *args, **kwargs)
+        response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+        return response
+
+    return wrapper
+
+
+def get_run_for(request: HttpRequest, run_id: Any, perm: Perm = "view") -> Run:
+    """The run, if the user may `perm` it: 403 without the role, 404 when unknown."""
+    check(request, perm)
+    return get_object_or_404(Run, pk=parse_uuid(run_id))
+
+
+def parse_uuid(value: Any) -> UUID:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError:
+        raise Http404("not a run id") from None
+
+
+def abilities(request: HttpRequest) -> dict[str, Any]:
+    """Template flags: what the current user's role allows."""
+    return {"role": role_of(request.user), "can_operate": can_operate(request.user)}

@@ -1,0 +1,372 @@
+"""Readable diffs between two agent states.
+
+`agentrun.delta.diff` finds what differs in well under a millisecond, even
+between two 2.5 MB states; deepdiff then explains only those subtrees
+(a changed message, the replaced part of a list), never the whole state.
+The result is a flat list of changes with old → new values, long strings
+as an inline text diff and list appends as appended items, plus a summary
+line such as "3 added, 1 changed in memory.notes".
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from deepdiff import DeepDiff
+
+from agentrun import delta
+from debugger.jsontree import Path, format_path, json_size, json_type
+
+MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING"})()
+PREVIEW_CHARS = 240
+FULL_CHARS = 20_000
+TEXT_DIFF_MIN = 60  # strings at least this long (or multi-line) get an inline text diff
+TEXT_DIFF_MAX = 100_000
+CONTEXT_CHARS = 80
+
+_ADDED = {"dictionary_item_added", "iterable_item_added", "attribute_added", "set_item_added"}
+_REMOVED = {"dictionary_item_removed", "iterable_item_removed", "attribute_removed", "set_item_removed"}
+
+
+@dataclass
+class Change:
+    """One difference. `op` is added | removed | changed | appended | inserted | dropped."""
+
+    op: str
+    path: Path
+    old: Any = MISSING
+    new: Any = MISSING
+    items: list[Any] = field(default_factory=list)  # appended / inserted / dropped items
+    index: int = 0  # where those items start
+
+    @property
+    def path_text(self) -> str:
+        return format_path(self.path) or "$"
+
+    @property
+    def count(self) -> int:
+        return len(self.items) if self.op in ("appended", "inserted", "dropped") else 1
+
+    @property
+    def old_preview(self) -> Preview | None:
+        return None if self.old is MISSING else Preview.of(self.old)
+
+    @property
+    def new_preview(self) -> Preview | None:
+        return None if self.new is MISSING else Preview.of(self.new)
+
+    @property
+    def item_previews(self) -> list[tuple[int, Preview]]:
+        return [(self.index + i, Preview.of(item)) for i, item in enumerate(self.items[:50])]
+
+    @property
+    def more_items(self) -> int:
+        return max(0, len(self.items) - 50)
+
+    @property
+    def text_diff(self) -> list[tuple[str, str]] | None:
+        if self.op == "changed" and isinstance(self.old, str) and isinstance(self.new, str):
+            if max(len(self.old), len(self.new)) >= TEXT_DIFF_MIN or "\n" in self.old + self.new:
+                return text_diff(self.old, self.new)
+        return None
+
+    @property
+    def type_changed(self) -> bool:
+        return self.op == "changed" and json_type(self.old) != json_type(self.new)
+
+
+@dataclass
+class Preview:
+    """A value shortened for display; `full` is set when the short form is cut."""
+
+    kind: str
+    short: str
+    full: str | None
+    size: int
+
+    @classmethod
+    def of(cls, value: Any) -> Preview:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+        full = None
+        if len(text) > PREVIEW_CHARS:
+            pretty = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2,
+                                                                     default=str)
+            full = pretty[:FULL_CHARS] + ("\n… (truncated)" if len(pretty) > FULL_CHARS else "")
+            text = text[:PREVIEW_CHARS] + "…"
+        return cls(json_type(value), text, full, json_size(value))
+
+
+@dataclass
+class StateDiff:
+    changes: list[Change]
+    old_size: int = 0
+    new_size: int = 0
+
+    @property
+    def identical(self) -> bool:
+        return not self.changes
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counts = {"added": 0, "removed": 0, "changed": 0}
+        for c in self.changes:
+            if c.op in ("added", "appended", "inserted"):
+                counts["added"] += c.count
+            elif c.op in ("removed", "dropped"):
+                counts["removed"] += c.count
+            else:
+                counts["changed"] += 1
+        return counts
+
+    @property
+    def where(self) -> str:
+        paths = [c.path for c in self.changes]
+        if not paths:
+            return ""
+        prefix = list(paths[0])
+        for p in paths[1:]:
+            n = 0
+            while n < min(len(prefix), len(p)) and prefix[n] == p[n]:
+                n += 1
+            del prefix[n:]
+        # A single changed leaf is named by its own path; say where it lives instead.
+        if len(paths) == 1 and prefix == list(paths[0]) and self.changes[0].op in ("added", "removed", "changed"):
+            prefix = prefix[:-1]
+        if prefix:
+            return "in " + format_path(prefix)
+        tops = sorted({str(p[0]) for p in paths if p})
+        shown = ", ".join(tops[:4]) + (f" and {len(tops) - 4} more" if len(tops) > 4 else "")
+        return f"across {shown}" if tops else ""
+
+    @property
+    def summary(self) -> str:
+        if self.identical:
+            return "identical"
+        parts = [f"{n:,} {label}" for label, n in self.counts.items() if n]
+        return ", ".join(parts) + (f" {self.where}" if self.where else "")
+
+    @property
+    def size_change(self) -> int:
+        return self.new_size - self.old_size
+
+
+# --- computing the diff -----------------------------------------------------------
+
+
+def diff_states(old: Any, new: Any, old_size: int | None = None, new_size: int | None = None
+                ) -> StateDiff:
+    """All differences from old to new, deepdiff only on the subtrees that differ.
+
+    Pass the sizes when they are known (Snapshot.size): measuring a big state costs more
+    than diffing it.
+    """
+    changes: list[Change] = []
+    shift: dict[Path, int] = defaultdict(int)  # per list (new coords): inserted - dropped so far
+
+    def old_path(path: Sequence[str | int]) -> Path:
+        out: list[str | int] = []
+        for i, step in enumerate(path):
+            if isinstance(step, int):
+                step = step - shift.get(tuple(path[:i]), 0)
+            out.append(step)
+        return tuple(out)
+
+    for op in delta.diff(old, new):
+        name, path = op[0], tuple(op[1])
+        if name == "del":
+            changes.append(Change("removed", path, old=_at(old, old_path(path))))
+        elif name == "set":
+            changes.extend(_set_changes(old, new, path, old_path))
+        else:
+            _, _, start, dropped, items = op
+            changes.extend(_splice_changes(old, new, path, start, dropped, items, old_path))
+            shift[path] += len(items) - dropped
+    return StateDiff(changes, old_size=json_size(old) if old_size is None else old_size,
+                     new_size=json_size(new) if new_size is None else new_size)
+
+
+def _at(value: Any, path: Iterable[str | int]) -> Any:
+    for step in path:
+        value = value[step]
+    return value
+
+
+def _set_changes(old: Any, new: Any, path: Path, old_path: Any) -> list[Change]:
+    new_value = _at(new, path)
+    if path:
+        parent = _at(old, old_path(path[:-1]))
+        if isinstance(parent, dict) and path[-1] not in parent:
+            return [Change("added", path, new=new_value)]
+    old_value = _at(old, old_path(path))
+    return _explain(path, old_value, new_value)
+
+
+def _splice_changes(old: Any, new: Any, path: Path, start: int, dropped: int, items: list,
+                    old_path: Any) -> list[Change]:
+    old_list = _at(old, old_path(path))
+    old_start = old_path((*path, start))[-1]  # where the splice starts in the old list
+    removed = old_list[old_start:old_start + dropped]
+    if not dropped:
+        appended = old_start == len(old_list)
+        return [Change("appended" if appended else "inserted", path, items=list(items), index=start)]
+    if not items:
+        return [Change("dropped", path, items=list(removed), index=old_start)]
+    # Part of the list was replaced: let deepdiff say how, item by item.
+    return _deep(path, list(removed), list(items), index_offset=(start, old_start))
+
+
+def _explain(path: Path, old_value: Any, new_value: Any) -> list[Change]:
+    if isinstance(old_value, dict | list) and type(old_value) is type(new_value):
+        return _deep(path, old_value, new_value)
+    return [Change("changed", path, old=old_value, new=new_value)]
+
+
+def _deep(path: Path, old_value: Any, new_value: Any, index_offset: tuple[int, int] | None = None
+          ) -> list[Change]:
+    """deepdiff over one small subtree pair, its paths rebased onto `path`."""
+    tree = DeepDiff(old_value, new_value, view="tree", threshold_to_diff_deeper=0)
+
+    def rebase(rel: list[Any], removed: bool = False) -> Path:
+        if index_offset and rel and isinstance(rel[0], int):
+            rel = [rel[0] + index_offset[1 if removed else 0], *rel[1:]]
+        return (*path, *rel)
+
+    added: list[tuple[list[Any], Any]] = []
+    out: list[Change] = []
+    for report, levels in tree.items():
+        for level in levels:
+            rel = level.path(output_format="list")
+            if report in _ADDED:
+                added.append((rel, level.t2))
+            elif report in _REMOVED:
+                out.append(Change("removed", rebase(rel, removed=True), old=level.t1))
+            else:
+                out.append(Change("changed", rebase(rel), old=level.t1, new=level.t2))
+    out.extend(_group_appends(added, old_value, new_value, rebase))
+    out.sort(key=lambda c: _sort_key(c.path))
+    return out
+
+
+def _group_appends(added: list[tuple[list[Any], Any]], old_value: Any, new_value: Any, rebase: Any
+                   ) -> list[Change]:
+    """Items added at the end of a list become one "appended" change."""
+    by_parent: dict[tuple[Any, ...], list[tuple[int, Any]]] = defaultdict(list)
+    out: list[Change] = []
+    for rel, value in added:
+        if rel and isinstance(rel[-1], int):
+            by_parent[tuple(rel[:-1])].append((rel[-1], value))
+        else:
+            out.append(Change("added", rebase(rel), new=value))
+    for parent, entries in by_parent.items():
+        entries.sort(key=lambda e: e[0])
+        try:
+            old_len = len(_at(old_value, parent))
+            new_len = len(_at(new_value, parent))
+        except (KeyError, IndexError, TypeError):
+            old_len = new_len = -1
+        indexes = [i for i, _ in entries]
+        if indexes == list(range(old_len, new_len)) and old_len >= 0:
+            base = rebase([*parent, old_len])
+            out.append(Change("appended", base[:-1], items=[v for _, v in entries], index=base[-1]))
+        else:
+            out.extend(Change("added", rebase([*parent, i]), new=v) for i, v in entries)
+    return out
+
+
+def _sort_key(path: Path) -> tuple[tuple[int, Any], ...]:
+    return tuple((0, p) if isinstance(p, int) else (1, p) for p in path)
+
+
+# --- inline text diff -----------------------------------------------------------------
+
+_WORDS = re.compile(r"\s+|\w+|[^\w\s]", re.UNICODE)
+
+
+def text_diff(a: str, b: str) -> list[tuple[str, str]]:
+    """[(eq|del|ins, text)] by words; long unchanged stretches are shortened with "…"."""
+    if len(a) + len(b) > TEXT_DIFF_MAX:
+        ta, tb = a.splitlines(keepends=True), b.splitlines(keepends=True)
+    else:
+        ta, tb = _WORDS.findall(a), _WORDS.findall(b)
+    out: list[tuple[str, str]] = []
+    matcher = difflib.SequenceMatcher(None, ta, tb, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        old_text, new_text = "".join(ta[i1:i2]), "".join(tb[j1:j2])
+        if tag == "equal":
+            out.append(("eq", old_text))
+        elif tag == "replace" and len(old_text) + len(new_text) < 2000:
+            out.extend(_by_chars(old_text, new_text))
+        else:
+            out.extend((t, s) for t, s in (("del", old_text), ("ins", new_text)) if s)
+    return _shorten(out)
+
+
+def _by_chars(a: str, b: str) -> list[tuple[str, str]]:
+    """A replaced word refined to characters when most of it stayed (ids, numbers)."""
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    if matcher.ratio() < 0.6:
+        return [("del", a), ("ins", b)]
+    out = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            out.append(("eq", a[i1:i2]))
+        else:
+            out.extend((t, s) for t, s in (("del", a[i1:i2]), ("ins", b[j1:j2])) if s)
+    return out
+
+
+def _shorten(parts: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    merged: list[tuple[str, str]] = []
+    for tag, text in parts:
+        if merged and merged[-1][0] == tag:
+            merged[-1] = (tag, merged[-1][1] + text)
+        else:
+            merged.append((tag, text))
+    parts = merged
+    out = []
+    last = len(parts) - 1
+    for n, (tag, text) in enumerate(parts):
+        if tag == "eq" and len(text) > 2 * CONTEXT_CHARS + 20:
+            head = "" if n == 0 else text[:CONTEXT_CHARS]
+            tail = "" if n == last else text[-CONTEXT_CHARS:]
+            out.append(("eq", head))
+            out.append(("gap", f" … {len(text) - len(head) - len(tail):,} unchanged chars … "))
+            out.append(("eq", tail))
+        else:
+            out.append((tag, text))
+    return [(t, s) for t, s in out if s]
+
+
+# --- naming snapshots: <run>:<step>:<pre|post> --------------------------------------
+
+
+class SpecError(ValueError):
+    """A snapshot reference that is not <run-id>:<step>:<pre|post>."""
+
+
+@dataclass(frozen=True)
+class SnapshotRef:
+    run_id: UUID
+    step: int
+    at: str
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.step}:{self.at}"
+
+    @classmethod
+    def parse(cls, text: str) -> SnapshotRef:
+        parts = text.strip().split(":")
+        if len(parts) != 3 or parts[2] not in ("pre", "post") or not parts[1].isdigit():
+            raise SpecError(f"{text[:80]!r} is not <run-id>:<step>:<pre|post>")
+        try:
+            run_id = UUID(parts[0])
+        except ValueError:
+            raise SpecError(f"{parts[0][:40]!r} is not a run id") from None
+        return cls(run_id, int(parts[1]), parts[2])

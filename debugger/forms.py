@@ -1,0 +1,155 @@
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django import forms
+from django.db.models import Q, QuerySet
+
+from agentrun.models import Event, Run, RunStatus, ToolCall
+from debugger.diffs import SnapshotRef, SpecError
+
+SIDE_EFFECT_KINDS = ("write", "hybrid")
+
+
+def _choices(values: Any, blank: str) -> list[tuple[str, str]]:
+    return [("", blank), *((v, v) for v in values if v)]
+
+
+class DateRangeMixin(forms.Form):
+    since = forms.DateField(required=False, label="From", widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, label="To", widget=forms.DateInput(attrs={"type": "date"}))
+
+    def date_q(self, field: str) -> Q:
+        q = Q()
+        if self.cleaned_data.get("since"):
+            q &= Q(**{f"{field}__date__gte": self.cleaned_data["since"]})
+        if self.cleaned_data.get("until"):
+            q &= Q(**{f"{field}__date__lte": self.cleaned_data["until"]})
+        return q
+
+
+class RunFilterForm(DateRangeMixin):
+    q = forms.CharField(required=False, label="Search", max_length=200,
+                        widget=forms.TextInput(attrs={"placeholder": "run id, goal or input text",
+                                                      "type": "search"}))
+    status = forms.ChoiceField(required=False, choices=[("", "any status"), ("active", "active"),
+                                                        *RunStatus.choices])
+    agent = forms.ChoiceField(required=False, choices=[])
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        agents = Run.objects.order_by("agent").values_list("agent", flat=True).distinct()
+        self.fields["agent"].choices = _choices(agents, "any agent")
+
+    def filter(self, runs: QuerySet[Run]) -> QuerySet[Run]:
+        if not self.is_valid():
+            return runs.none()
+        data = self.cleaned_data
+        if data["status"] == "active":
+            runs = runs.active()  # type: ignore[attr-defined]
+        elif data["status"]:
+            runs = runs.filter(status=data["status"])
+        if data["agent"]:
+            runs = runs.filter(agent=data["agent"])
+        runs = runs.filter(self.date_q("created_at"))
+        if data["q"]:
+            runs = runs.filter(_search_q(data["q"].strip()))
+        return runs
+
+
+def _search_q(text: str) -> Q:
+    try:
+        return Q(pk=UUID(text))
+    except ValueError:
+        pass
+    q = Q(input__icontains=text)
+    compact = text.replace("-", "").lower()
+    if len(compact) >= 4 and all(c in "0123456789abcdef" for c in compact):
+        # A run id prefix, as shown in the list (first 8 characters).
+        q |= Q(pk__startswith=text.lower())
+    return q
+
+
+class AuditFilterForm(DateRangeMixin):
+    user = forms.ChoiceField(required=False, choices=[])
+    tool = forms.ChoiceField(required=False, choices=[])
+    kind = forms.ChoiceField(required=False, choices=_choices(SIDE_EFFECT_KINDS, "write + hybrid"))
+    run = forms.UUIDField(required=False, label="Run id",
+                          widget=forms.TextInput(attrs={"placeholder": "run id"}))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        actors = (Event.objects.filter(user__isnull=False).order_by("actor")
+                  .values_list("actor", flat=True).distinct())
+        tools = (ToolCall.objects.filter(kind__in=SIDE_EFFECT_KINDS).order_by("tool")
+                 .values_list("tool", flat=True).distinct())
+        self.fields["user"].choices = _choices(actors, "anyone")
+        self.fields["tool"].choices = _choices(tools, "any tool")
+
+    def actions(self) -> QuerySet[Event]:
+        events = Event.objects.filter(user__isnull=False)
+        if not self.is_valid():
+            return events.none()
+        data = self.cleaned_data
+        if data["user"]:
+            events = events.filter(actor=data["user"])
+        if data["tool"]:
+            events = events.filter(payload__tool=data["tool"])
+        if data["kind"]:
+            # An operator action touches a tool only through its payload; kind narrows to calls.
+            events = events.filter(payload__tool__in=_tools_of_kind(data["kind"]))
+        if data["run"]:
+            events = events.filter(run_id=data["run"])
+        return events.filter(self.date_q("created_at")).order_by("-created_at", "-id")
+
+    def calls(self) -> QuerySet[ToolCall]:
+        calls = ToolCall.objects.filter(kind__in=SIDE_EFFECT_KINDS).select_related("step")
+        if not self.is_valid():
+            return calls.none()
+        data = self.cleaned_data
+        if data["user"]:
+            # Side effects a user is answerable for: runs they started or calls they approved.
+            calls = calls.filter(Q(run__created_by__username=data["user"]) | Q(approval__by=data["user"]))
+        if data["tool"]:
+            calls = calls.filter(tool=data["tool"])
+        if data["kind"]:
+            calls = calls.filter(kind=data["kind"])
+        if data["run"]:
+            calls = calls.filter(run_id=data["run"])
+        return calls.filter(self.date_q("created_at")).order_by("-created_at", "-id")
+
+
+def _tools_of_kind(kind: str) -> list[str]:
+    return list(ToolCall.objects.filter(kind=kind).values_list("tool", flat=True).distinct())
+
+
+class CancelForm(forms.Form):
+    reason = forms.CharField(required=False, max_length=2000,
+                             widget=forms.TextInput(attrs={"placeholder": "reason (recorded in the audit log)"}))
+
+
+class ApprovalForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")])
+    comment = forms.CharField(required=False, max_length=2000)
+    resolution = forms.ChoiceField(required=False, choices=[("", "–"), ("retry", "retry"),
+                                                            ("mark_done", "mark done")])
+
+
+class DiffForm(forms.Form):
+    a = forms.CharField(label="From", max_length=200,
+                        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>"}))
+    b = forms.CharField(label="To", max_length=200,
+                        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>"}))
+
+    def _ref(self, name: str) -> SnapshotRef:
+        try:
+            return SnapshotRef.parse(self.cleaned_data[name])
+        except SpecError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_a(self) -> SnapshotRef:
+        return self._ref("a")
+
+    def clean_b(self) -> SnapshotRef:
+        return self._ref("b")

@@ -1,0 +1,219 @@
+"""A JSON value as a collapsible HTML tree: keys, types, sizes, copyable paths.
+
+States can be megabytes, so the tree is bounded: each container shows at
+most `per_container` children (the newest, for lists) and the whole tree at
+most `budget` nodes; what is left out is a link to the subtree on its own
+page (`?path=...&from=...`). Every piece of text is escaped here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
+
+Path = tuple[str | int, ...]
+
+STRING_PREVIEW = 160
+STRING_FULL_LIMIT = 200_000
+
+
+def json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def json_size(value: Any) -> int:
+    """Bytes of value as compact JSON (non-ASCII counted as escapes: the fast encoder)."""
+    return len(json.dumps(value, separators=(",", ":"), default=str))
+
+
+def human_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "–"
+    for unit in ("B", "KB", "MB"):
+        if abs(n) < 1024 or unit == "MB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} MB"
+
+
+# --- paths: memory.notes["a b"][3] -------------------------------------------
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def format_path(path: Sequence[str | int]) -> str:
+    out = ""
+    for step in path:
+        if isinstance(step, int):
+            out += f"[{step}]"
+        elif _IDENT.fullmatch(step):
+            out += f".{step}" if out else step
+        else:
+            out += "[" + json.dumps(step, ensure_ascii=False) + "]"
+    return out
+
+
+class PathError(ValueError):
+    pass
+
+
+_TOKEN = re.compile(r'\.?([A-Za-z_][A-Za-z0-9_]*)|\[(-?\d+)\]|\[("(?:[^"\\]|\\.)*")\]')
+
+
+def parse_path(text: str) -> Path:
+    """Inverse of format_path; raises PathError on anything else."""
+    out: list[str | int] = []
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or (m.group(0).startswith(".") and pos == 0):
+            raise PathError(f"bad path at {text[pos:pos + 20]!r}")
+        name, index, quoted = m.groups()
+        if name is not None:
+            out.append(name)
+        elif index is not None:
+            out.append(int(index))
+        else:
+            out.append(json.loads(quoted))
+        pos = m.end()
+    return tuple(out)
+
+
+def resolve(value: Any, path: Sequence[str | int]) -> Any:
+    """The subtree at path; KeyError when it isn't there."""
+    for step in path:
+        if isinstance(value, dict) and isinstance(step, str) and step in value:
+            value = value[step]
+        elif isinstance(value, list) and isinstance(step, int) and -len(value) <= step < len(value):
+            value = value[step]
+        else:
+            raise KeyError(format_path(path))
+    return value
+
+
+# --- rendering ------------------------------------------------------------------
+
+
+@dataclass
+class TreeOptions:
+    link: Callable[[Path, int | None], str]  # url of the subtree page for (path, from)
+    budget: int = 3000
+    per_container: int = 200
+    open_depth: int = 2
+
+
+class _Renderer:
+    def __init__(self, opts: TreeOptions) -> None:
+        self.opts = opts
+        self.left = opts.budget
+        self.parts: list[str] = []
+
+    def node(self, key: str | int | None, value: Any, path: Path, depth: int,
+             start: int | None = None, size: int | None = None) -> None:
+        self.left -= 1
+        if isinstance(value, dict | list):
+            self.container(key, value, path, depth, start, size)
+        else:
+            self.leaf(key, value, path)
+
+    def head(self, key: str | int | None, path: Path) -> str:
+        label = "$" if key is None else (f"[{key}]" if isinstance(key, int) else key)
+        return format_html(
+            '<span class="jt-key">{}</span>'
+            '<button type="button" class="jt-copy" data-path="{}" title="Copy path {}">copy</button>',
+            label, format_path(path) or "$", format_path(path) or "$",
+        )
+
+    def leaf(self, key: str | int | None, value: Any, path: Path) -> None:
+        kind = json_type(value)
+        self.parts.append(format_html('<li class="jt-leaf">{}', self.head(key, path)))
+        if isinstance(value, str):
+            self.parts.append(self.string(value))
+        else:
+            text = json.dumps(value, default=str)
+            self.parts.append(format_html('<span class="jt-val jt-{}">{}</span>', kind, text))
+        self.parts.append(format_html('<span class="jt-meta">{}</span></li>', kind))
+
+    def string(self, value: str) -> str:
+        meta = f"string · {len(value):,} chars"
+        if len(value) <= STRING_PREVIEW and "\n" not in value:
+            return format_html('<span class="jt-val jt-string">"{}"</span><span class="jt-meta">{}</span>',
+                               value, meta)
+        first = value.split("\n", 1)[0][:STRING_PREVIEW]
+        full = value[:STRING_FULL_LIMIT]
+        cut = "" if len(value) <= STRING_FULL_LIMIT else f"… (first {STRING_FULL_LIMIT:,} chars; download for all)"
+        return format_html(
+            '<span class="jt-val jt-string">"{}…"</span><span class="jt-meta">{}</span>'
+            '<details class="jt-more"><summary>show all</summary><pre class="jt-pre">{}{}</pre></details>',
+            first, meta, full, cut,
+        )
+
+    def container(self, key: str | int | None, value: dict | list, path: Path, depth: int,
+                  start: int | None, size: int | None) -> None:
+        is_dict = isinstance(value, dict)
+        n = len(value)
+        count = f"{n:,} {'key' if is_dict else 'item'}{'' if n == 1 else 's'}"
+        size = json_size(value) if size is None else size
+        meta = f"{'object' if is_dict else 'array'} · {count} · {human_bytes(size)}"
+        if self.left <= 0 and depth > 0:
+            self.parts.append(format_html(
+                '<li class="jt-stub">{}<span class="jt-meta">{}</span>'
+                '<a class="jt-open" href="{}">open subtree</a></li>',
+                self.head(key, path), meta, self.opts.link(path, None)))
+            return
+        is_open = " open" if depth < self.opts.open_depth else ""
+        self.parts.append(format_html('<li class="jt-node"><details{}><summary>{}<span class="jt-meta">{}</span>'
+                                      '</summary><ul class="jt-children">', mark_safe(is_open),  # noqa: S308
+                                      self.head(key, path), meta))
+        items = list(value.items()) if is_dict else list(enumerate(value))
+        limit = self.opts.per_container
+        if n > limit:
+            if start is None:
+                lo = 0 if is_dict else n - limit  # lists: the newest items matter most
+            else:
+                lo = max(0, min(start, n - 1))
+            hi = min(n, lo + limit)
+            if lo > 0:
+                self.more(path, f"… {lo:,} earlier", max(0, lo - limit), lo)
+            for k, v in items[lo:hi]:
+                self.node(k, v, (*path, k), depth + 1)
+            if hi < n:
+                self.more(path, f"… {n - hi:,} more", hi, min(n, hi + limit))
+        else:
+            for k, v in items:
+                self.node(k, v, (*path, k), depth + 1)
+        self.parts.append("</ul></details></li>")
+
+    def more(self, path: Path, label: str, lo: int, hi: int) -> None:
+        self.parts.append(format_html('<li class="jt-gap">{} <a href="{}">show {}–{}</a></li>',
+                                      label, self.opts.link(path, lo), f"{lo:,}", f"{hi - 1:,}"))
+
+
+def render_tree(value: Any, opts: TreeOptions, *, path: Path = (), start: int | None = None,
+                size: int | None = None) -> SafeString:
+    """HTML for value (found at path in its state) as a <ul class="jt"> tree."""
+    r = _Renderer(opts)
+    key = path[-1] if path else None
+    r.node(key, value, path, 0, start=start, size=size)
+    return mark_safe('<ul class="jt">' + "".join(r.parts) + "</ul>")  # noqa: S308 - built escaped

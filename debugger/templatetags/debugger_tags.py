@@ -1,0 +1,99 @@
+"""Formatting for the debugger's templates. Every filter returns plain text (autoescaped)."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+from typing import Any
+
+from django import template
+
+from debugger.jsontree import human_bytes
+
+register = template.Library()
+
+JSON_LIMIT = 100_000
+
+
+@register.filter
+def ms(value: float | None) -> str:
+    """Milliseconds, readable: 0.4 ms, 87 ms, 1.24 s, 3 m 05 s."""
+    if value is None:
+        return "–"
+    if value < 1:
+        return f"{value:.2f} ms"
+    if value < 1000:
+        return f"{value:.0f} ms"
+    seconds = value / 1000
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    minutes, seconds = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} m {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} m"
+
+
+@register.filter
+def span(value: timedelta | None) -> str:
+    return "–" if value is None else ms(value.total_seconds() * 1000)
+
+
+@register.filter(name="bytes")
+def bytes_(value: int | None) -> str:
+    return human_bytes(value)
+
+
+@register.filter
+def signed_bytes(value: int | None) -> str:
+    if value is None:
+        return "–"
+    return ("+" if value > 0 else "−" if value < 0 else "±") + human_bytes(abs(value))
+
+
+@register.filter
+def short(value: Any) -> str:
+    return str(value)[:8]
+
+
+@register.filter
+def cls(value: Any) -> str:
+    """A value made safe to use as (part of) a CSS class name."""
+    return re.sub(r"[^a-z0-9_-]", "", str(value).lower())[:40] or "none"
+
+
+@register.filter
+def json_compact(value: Any, limit: int = 400) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= int(limit) else text[: int(limit)] + "…"
+
+
+@register.filter
+def json_pretty(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, indent=2, default=str)
+    if len(text) > JSON_LIMIT:
+        return text[:JSON_LIMIT] + f"\n… ({len(text) - JSON_LIMIT:,} more characters; download the snapshot)"
+    return text
+
+
+@register.filter
+def get(mapping: Any, key: Any) -> Any:
+    try:
+        return mapping.get(key)
+    except AttributeError:
+        return None
+
+
+@register.simple_tag
+def role_of(user: Any) -> str | None:
+    """The user's role (viewer, operator, admin) or None: for pages rendered without our context."""
+    from agentrun.roles import role_of as _role_of
+
+    return _role_of(user)
+
+
+@register.filter
+def last_line(value: Any) -> str:
+    lines = [line for line in str(value or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
