@@ -1,0 +1,100 @@
+"""`manage.py demo`: idempotent, and every story ends as it says.
+
+Slow-ish (~15 s on SQLite): it plays every story, including a child process
+that really dies mid-step and a lease that must expire. The database is
+committed for real (transaction=True) because that child reads and writes it.
+"""
+
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from agentrun.management.commands.demo import STORIES
+from agentrun.models import (
+    LedgerEntry,
+    LedgerInvocation,
+    Reservation,
+    Run,
+    Step,
+    ToolCall,
+)
+from agentrun.roles import role_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def demo() -> str:
+    out = StringIO()
+    call_command("demo", stdout=out)
+    return out.getvalue()
+
+
+def story_run(label: str) -> Run:
+    run = next(s for s in STORIES if s.label == label).find()
+    assert run is not None, f"no demo run {label}"
+    return run
+
+
+def test_the_demo_is_idempotent_and_its_runs_end_as_their_stories_say(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast
+    first = demo()
+    runs, users = Run.objects.count(), get_user_model().objects.count()
+    second = demo()
+
+    assert Run.objects.count() == runs == len(STORIES)
+    assert get_user_model().objects.count() == users
+    assert " new " in first and " new " not in second
+    for name in ("admin", "operator", "viewer"):
+        user = get_user_model().objects.get(username=name)
+        assert user.check_password("demo") and role_of(user) == name
+        assert f"{name} / demo  ({name})" in second
+    assert {
+        s.label: (story_run(s.label).status, story_run(s.label).wait_reason) for s in STORIES
+    } == {
+        "happy-path": ("succeeded", ""),
+        "incident": ("succeeded", ""),
+        "flaky-shipping": ("succeeded", ""),
+        "worker-crash": ("succeeded", ""),
+        "awaiting-approval": ("waiting", "approval"),
+        "card-declined": ("failed", ""),
+        "scripted-short": ("succeeded", ""),
+        "scripted-12": ("succeeded", ""),
+    }
+    for run in Run.objects.all():
+        assert str(run.pk) in second
+    assert_the_stories_show_what_they_claim()
+
+
+def assert_the_stories_show_what_they_claim() -> None:
+    incident = story_run("incident")
+    assert (
+        "because the cart has Backpacking stove (STOVE-1)"
+        in Step.objects.get(run=incident, number=4).thought
+    )
+
+    quote = ToolCall.objects.get(run=story_run("flaky-shipping"), tool="shipping_quote")
+    assert quote.step.number == 6
+    assert [bool(a.get("error")) for a in quote.attempts] == [True, True, False]
+
+    crashed = story_run("worker-crash")
+    order = ToolCall.objects.get(run=crashed, tool="place_order")
+    assert order.step.number == 8 and order.step.attempts == 2
+    assert order.attempts[0].get("fault") == "crash_after" and "ended" not in order.attempts[0]
+    # The order was placed by the worker that died, and not placed again on resume.
+    assert LedgerInvocation.objects.get(idempotency_key=order.idempotency_key).count == 2
+    for key in ToolCall.objects.filter(run=crashed, kind="write").values_list(
+        "idempotency_key", flat=True
+    ):
+        assert LedgerEntry.objects.filter(idempotency_key=key).count() <= 1
+    assert LedgerEntry.objects.filter(run=crashed).count() == 2
+
+    waiting = story_run("awaiting-approval")
+    assert waiting.next_step == 7
+    assert ToolCall.objects.get(run=waiting, tool="charge_payment").status == "awaiting_approval"
+
+    declined = story_run("card-declined")
+    assert all(Reservation.objects.filter(run=declined).values_list("released", flat=True))
+
+    assert story_run("scripted-12").steps_done == 12
