@@ -622,7 +622,8 @@ class ShopAgent(StateAgent):
         rec = read_note(notes, "recommendation")
         text = (
             f"Ordered {describe(lines)} for {user} (order {order.get('order_id', '?')}): "
-            f"{notes.get('total', '?')} {CURRENCY} including {shipping.get('price', '?')} shipping "
+            f"{notes.get('total', '?')} {CURRENCY} including "
+            f"{_money(shipping.get('price', 0))} shipping "
             f"by {shipping.get('carrier', '?')} in {shipping.get('days', '?')} days."
         )
         if rec:
