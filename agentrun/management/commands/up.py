@@ -29,9 +29,10 @@ DEFAULT_LOGINS = [
     ("operator", "operator", "demo"),
     ("viewer", "viewer", "demo"),
 ]
-# How long a warm shutdown may take before it turns cold (SIGQUIT), then SIGKILL.
-# A cold stop is safe by design: the step's lease expires and the reconciler re-enqueues it.
-WARM_SECONDS = 10.0
+# How long a warm shutdown may take before it turns cold (SIGQUIT), then SIGKILL. Celery
+# on the filesystem broker needs several seconds even when idle. A cold stop is safe by
+# design: the step's lease expires and the reconciler re-enqueues it.
+WARM_SECONDS = 30.0
 COLD_SECONDS = 5.0
 
 
