@@ -152,12 +152,13 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict = {
 }
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
-    for _d in ("queue", "processed"):
+    for _d in ("queue", "processed", "control"):
         (_broker_dir / _d).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS.update(
         data_folder_in=str(_broker_dir / "queue"),
         data_folder_out=str(_broker_dir / "queue"),
         processed_folder=str(_broker_dir / "processed"),
+        control_folder=str(_broker_dir / "control"),
         store_processed=False,
         # kombu polls a folder; its default of 1 s would make every step wait.
         polling_interval=0.05,

@@ -68,7 +68,8 @@ def test_reject_fails_the_run_and_compensates_its_reservations(start_worker):
     services.decide_approval(run, user=olga, decision="reject", comment="too expensive")
     wait_until(_settled(run, "succeeded", "failed"), timeout=60, what="the run to fail")
     assert run.status == "failed" and "rejected by olga" in run.error
-    assert Reservation.objects.get(run=run).released
+    # Compensation follows the failure's commit.
+    wait_until(lambda: Reservation.objects.get(run=run).released, timeout=30, what="the release")
     assert InventoryItem.objects.get(sku="lamp").reserved == 0
     assert ToolCall.objects.get(run=run, tool="reserve").status == "compensated"
 
