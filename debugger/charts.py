@@ -57,6 +57,9 @@ def size_line(points: Sequence[StepPoint], height: float = 36.0) -> Chart:
     coords = [(i * width + width / 2, height - s / top * (height - 2)) for i, s in sizes]
     if not coords:
         return Chart(_svg("", height, "State size"), top, "size")
+    if len(coords) == 1:  # one point: draw it across its slot so it shows
+        x, y = coords[0]
+        coords = [(x - width / 2, y), (x + width / 2, y)]
     line = "M" + "L".join(f"{x:.2f} {y:.2f}" for x, y in coords)
     area = f"{line}L{coords[-1][0]:.2f} {height:.2f}L{coords[0][0]:.2f} {height:.2f}z"
     body = (f'<path class="area" d="{area}"/>'

@@ -137,40 +137,43 @@ class _Renderer:
         else:
             self.leaf(key, value, path)
 
-    def head(self, key: str | int | None, path: Path) -> str:
+    def key(self, key: str | int | None) -> str:
         label = "$" if key is None else (f"[{key}]" if isinstance(key, int) else key)
-        return format_html(
-            '<span class="jt-key">{}</span>'
-            '<button type="button" class="jt-copy" data-path="{}" title="Copy path {}">copy</button>',
-            label, format_path(path) or "$", format_path(path) or "$",
-        )
+        return format_html('<span class="jt-key">{}</span>', label)
+
+    def copy(self, path: Path) -> str:
+        text = format_path(path) or "$"
+        return format_html('<button type="button" class="jt-copy" data-path="{}" title="Copy path {}">copy</button>',
+                           text, text)
 
     def leaf(self, key: str | int | None, value: Any, path: Path) -> None:
         kind = json_type(value)
-        self.parts.append(format_html('<li class="jt-leaf">{}', self.head(key, path)))
+        more = ""
         if isinstance(value, str):
-            self.parts.append(self.string(value))
+            value_html, meta, more = self.string(value)
         else:
-            text = json.dumps(value, default=str)
-            self.parts.append(format_html('<span class="jt-val jt-{}">{}</span>', kind, text))
-        self.parts.append(format_html('<span class="jt-meta">{}</span></li>', kind))
+            text = "[]" if value == [] else "{}" if value == {} else json.dumps(value, default=str)
+            value_html = format_html('<span class="jt-val jt-{}">{}</span>', kind, text)
+            meta = kind
+        self.parts.append(format_html(
+            '<li class="jt-leaf">{}<span class="jt-body">{} <span class="jt-meta">{}</span> {}{}</span></li>',
+            self.key(key), value_html, meta, self.copy(path), more))
 
-    def string(self, value: str) -> str:
+    def string(self, value: str) -> tuple[str, str, str]:
         meta = f"string · {len(value):,} chars"
         if len(value) <= STRING_PREVIEW and "\n" not in value:
-            return format_html('<span class="jt-val jt-string">"{}"</span><span class="jt-meta">{}</span>',
-                               value, meta)
+            return format_html('<span class="jt-val jt-string">"{}"</span>', value), meta, ""
         first = value.split("\n", 1)[0][:STRING_PREVIEW]
-        full = value[:STRING_FULL_LIMIT]
         cut = "" if len(value) <= STRING_FULL_LIMIT else f"… (first {STRING_FULL_LIMIT:,} chars; download for all)"
-        return format_html(
-            '<span class="jt-val jt-string">"{}…"</span><span class="jt-meta">{}</span>'
-            '<details class="jt-more"><summary>show all</summary><pre class="jt-pre">{}{}</pre></details>',
-            first, meta, full, cut,
-        )
+        more = format_html('<details class="jt-more"><summary>show all</summary><pre class="jt-pre">{}{}</pre></details>',
+                           value[:STRING_FULL_LIMIT], cut)
+        return format_html('<span class="jt-val jt-string">"{}…"</span>', first), meta, more
 
     def container(self, key: str | int | None, value: dict | list, path: Path, depth: int,
                   start: int | None, size: int | None) -> None:
+        if not value:
+            self.leaf(key, value, path)
+            return
         is_dict = isinstance(value, dict)
         n = len(value)
         count = f"{n:,} {'key' if is_dict else 'item'}{'' if n == 1 else 's'}"
@@ -178,14 +181,15 @@ class _Renderer:
         meta = f"{'object' if is_dict else 'array'} · {count} · {human_bytes(size)}"
         if self.left <= 0 and depth > 0:
             self.parts.append(format_html(
-                '<li class="jt-stub">{}<span class="jt-meta">{}</span>'
-                '<a class="jt-open" href="{}">open subtree</a></li>',
-                self.head(key, path), meta, self.opts.link(path, None)))
+                '<li class="jt-stub">{}<span class="jt-body"><span class="jt-meta">{}</span> '
+                '<a class="jt-open" href="{}">open subtree</a> {}</span></li>',
+                self.key(key), meta, self.opts.link(path, None), self.copy(path)))
             return
         is_open = " open" if depth < self.opts.open_depth else ""
-        self.parts.append(format_html('<li class="jt-node"><details{}><summary>{}<span class="jt-meta">{}</span>'
-                                      '</summary><ul class="jt-children">', mark_safe(is_open),  # noqa: S308
-                                      self.head(key, path), meta))
+        self.parts.append(format_html(
+            '<li class="jt-node"><details{}><summary>{}<span class="jt-meta">{}</span>'
+            '<span class="jt-peek">{}</span>{}</summary><ul class="jt-children">',
+            mark_safe(is_open), self.key(key), meta, peek(value), self.copy(path)))  # noqa: S308
         items = list(value.items()) if is_dict else list(enumerate(value))
         limit = self.opts.per_container
         if n > limit:
@@ -208,6 +212,30 @@ class _Renderer:
     def more(self, path: Path, label: str, lo: int, hi: int) -> None:
         self.parts.append(format_html('<li class="jt-gap">{} <a href="{}">show {}–{}</a></li>',
                                       label, self.opts.link(path, lo), f"{lo:,}", f"{hi - 1:,}"))
+
+
+PEEK_CHARS = 90
+
+
+def peek(value: Any, limit: int = PEEK_CHARS) -> str:
+    """A one-line glimpse of a container's scalar fields, for when it is collapsed."""
+    parts: list[str] = []
+    used = 0
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for k, v in items:
+        if isinstance(v, dict | list):
+            text = "{…}" if isinstance(v, dict) else "[…]"
+        elif isinstance(v, str):
+            text = json.dumps(v[:limit], ensure_ascii=False)
+        else:
+            text = json.dumps(v, default=str)
+        part = f"{k}: {text}" if isinstance(value, dict) else text
+        parts.append(part)
+        used += len(part) + 2
+        if used > limit:
+            break
+    joined = ", ".join(parts)
+    return joined[:limit] + ("…" if len(joined) > limit else "")
 
 
 def render_tree(value: Any, opts: TreeOptions, *, path: Path = (), start: int | None = None,

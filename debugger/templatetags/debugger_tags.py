@@ -97,3 +97,9 @@ def role_of(user: Any) -> str | None:
 def last_line(value: Any) -> str:
     lines = [line for line in str(value or "").splitlines() if line.strip()]
     return lines[-1].strip() if lines else ""
+
+
+@register.filter
+def human(value: Any) -> str:
+    """awaiting_approval → awaiting approval"""
+    return str(value or "").replace("_", " ")
