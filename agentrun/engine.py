@@ -262,6 +262,10 @@ def _run_claimed(ctx: _Ctx) -> Outcome:
 def _decide(ctx: _Ctx) -> Decision | Outcome:
     if ctx.step.decision is not None:
         return Decision.from_dict(ctx.step.decision)
+    if ctx.run.mode == ReplayMode.RECORDED and ctx.run.divergence_step is None:
+        replayed = _replay_decision(ctx)
+        if replayed is not None:
+            return replayed
     started = time.perf_counter()
     try:
         decision = ctx.agent.decide(ctx.pre_state, ctx.sctx)
@@ -293,6 +297,33 @@ def _decide(ctx: _Ctx) -> Decision | Outcome:
         )
     # Work on exactly what was stored, as a retry would.
     return Decision.from_dict(stored)
+
+
+def _replay_decision(ctx: _Ctx) -> Decision | None:
+    """Recorded mode: reuse the parent's decision while the states still match.
+
+    At the first step whose pre state differs from the parent's (or that the
+    parent never reached), mark the divergence and go on in sandbox mode.
+    """
+    parent_pre = Snapshot.objects.filter(run_id=ctx.run.parent_id, seq=ctx.pre.seq).first()
+    twin = Step.objects.filter(run_id=ctx.run.parent_id, number=ctx.step.number).first()
+    if parent_pre is None or twin is None or twin.decision is None or parent_pre.hash != ctx.pre.hash:
+        reason = ("the parent has no decided step here" if parent_pre is None or twin is None or
+                  twin.decision is None else "the state differs from the parent's")
+        with transaction.atomic():
+            _guarded(ctx, divergence_step=ctx.step.number)
+            record_event("diverged", run=ctx.run, step=ctx.step.number, payload={"reason": reason})
+        ctx.run.divergence_step = ctx.step.number
+        return None
+    stored = {**twin.decision, "replayed_from": {"run": str(ctx.run.parent_id), "step": twin.number}}
+    decision = Decision.from_dict(stored)
+    with transaction.atomic():
+        _guarded(ctx)
+        Step.objects.filter(pk=ctx.step.pk).update(decision=stored, decided_at=timezone.now())
+        ToolCall.objects.bulk_create(
+            [_planned_call(ctx, i, call) for i, call in enumerate(decision.calls)]
+        )
+    return decision
 
 
 def _check_decision(agent: Agent, decision: Decision) -> str | None:
@@ -351,6 +382,12 @@ def _act(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
     t = get_tool(call.tool)
     if tc.status in _DONE:
         return _result_of(tc, call)
+    if tc.status == ToolCallStatus.REPLAYED:
+        return _replayed(ctx, call, tc)
+    if _replaying(ctx):
+        return _replay_call(ctx, call, tc)
+    if _sandboxed(ctx) and t.kind in SIDE_EFFECTS:
+        return _skip_in_sandbox(ctx, call, tc)
     if tc.requires_approval:
         approval = tc.approval or {}
         if not approval:
@@ -365,8 +402,6 @@ def _act(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
         cached = _read_cache(ctx, call, tc)
         if cached is not None:
             return cached
-    if ctx.run.mode == ReplayMode.SANDBOX and t.kind in SIDE_EFFECTS:
-        return _skip_in_sandbox(ctx, call, tc)
     if t.kind in SIDE_EFFECTS and tc.status in (ToolCallStatus.INTENT, ToolCallStatus.IN_DOUBT):
         resolution = (tc.approval or {}).get("resolution")
         if resolution == "mark_done":
@@ -405,16 +440,60 @@ def _read_cache(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | None:
     return _result_of(tc, call)
 
 
+def _replaying(ctx: _Ctx) -> bool:
+    return ctx.run.mode == ReplayMode.RECORDED and ctx.run.divergence_step is None
+
+
+def _sandboxed(ctx: _Ctx) -> bool:
+    """Sandbox forks, and recorded forks after their divergence, run no side effects."""
+    return ctx.run.mode == ReplayMode.SANDBOX or (
+        ctx.run.mode == ReplayMode.RECORDED and ctx.run.divergence_step is not None
+    )
+
+
+def _twin_call(ctx: _Ctx, tc: ToolCall) -> ToolCall | None:
+    """The parent's call at the aligned step: same position, tool and arguments."""
+    if not ctx.run.parent_id:
+        return None
+    return ToolCall.objects.filter(
+        run_id=ctx.run.parent_id, step__number=ctx.step.number, index=tc.index,
+        tool=tc.tool, args_hash=tc.args_hash,
+    ).first()
+
+
+def _replay_call(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
+    twin = _twin_call(ctx, tc)
+    if twin is None or twin.status not in (*_DONE, ToolCallStatus.REPLAYED):
+        return _fail(ctx, {"step": ctx.step.number, "type": "ReplayMismatch", "tool": tc.tool,
+                           "message": f"the parent has no finished {tc.tool} call #{tc.index} at this step",
+                           "traceback": "", "input": tc.args})
+    tc.status, tc.result, tc.error = ToolCallStatus.REPLAYED, twin.result, twin.error
+    tc.finished_at = timezone.now()
+    ctx.pending.append(tc)
+    return _replayed(ctx, call, tc)
+
+
+def _replayed(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult:
+    """A replayed call as the state saw it first: the original call's status and attempts."""
+    result = _result_of(tc, call)
+    origin, run_id, depth = tc, ctx.run.pk, 0
+    while origin.status == ToolCallStatus.REPLAYED and depth < 100:
+        parent_id = Run.objects.filter(pk=run_id).values_list("parent_id", flat=True).first()
+        found = ToolCall.objects.filter(run_id=parent_id, step__number=ctx.step.number, index=tc.index,
+                                        args_hash=tc.args_hash).first()
+        if found is None:
+            break
+        origin, run_id, depth = found, parent_id, depth + 1
+    # Compensation came after the state recorded the call as done.
+    status = ToolCallStatus.OK if origin.status == ToolCallStatus.COMPENSATED else origin.status
+    result.status, result.attempts = status, len(origin.attempts)
+    return result
+
+
 def _skip_in_sandbox(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult:
     """Sandbox forks never run side effects: reuse the parent's result if it made the same call."""
-    parent_result = None
-    if ctx.run.parent_id:
-        twin = ToolCall.objects.filter(
-            run_id=ctx.run.parent_id, step__number=ctx.step.number, index=tc.index,
-            tool=tc.tool, args_hash=tc.args_hash,
-        ).first()
-        if twin is not None:
-            parent_result = twin.result
+    twin = _twin_call(ctx, tc)
+    parent_result = twin.result if twin is not None else None
     tc.status, tc.result, tc.finished_at = ToolCallStatus.SKIPPED, parent_result, timezone.now()
     ctx.pending.append(tc)
     return _result_of(tc, call)

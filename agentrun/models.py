@@ -241,6 +241,7 @@ class ToolCallStatus(models.TextChoices):
     COMPENSATED = "compensated"
     SKIPPED = "skipped"
     REJECTED = "rejected"
+    REPLAYED = "replayed"  # recorded-mode fork: the parent's result, nothing invoked
 
 
 class ToolCall(models.Model):

@@ -113,3 +113,82 @@ def decide_approval(run: Run, *, user: Any, decision: str, comment: str = "",
         enqueue(run.pk, run.next_step)
     run.refresh_from_db()
     return run
+
+
+class ForkError(ValueError):
+    """A fork request that can't be honoured; `field` names the bad input."""
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field
+
+
+FORK_MODES = ("sandbox", "recorded", "live")
+
+
+def side_effects_after(run: Run, step: int, at: str) -> list[ToolCall]:
+    """The parent's write/hybrid calls a live fork from (step, at) would run again."""
+    first = step if at == "pre" else step + 1
+    return list(
+        ToolCall.objects.filter(run=run, kind__in=("write", "hybrid"), step__number__gte=first)
+        .select_related("step")
+        .order_by("step__number", "index")
+    )
+
+
+def fork_run(run: Run, *, step: Any, at: Any = "pre", state: Any = None, mode: Any = "sandbox",
+             reason: Any = "", user: Any = None, confirm_live: bool = False) -> Run:
+    """Start a new run from the (step, at) snapshot of `run`, optionally with an edited state.
+
+    The fork links to its parent and source snapshot, numbers its steps on from
+    the fork point, and never changes the parent. Raises ForkError (nothing
+    stored) on a bad request.
+    """
+    from agentrun import delta, snapshots
+    from agentrun.models import Snapshot
+
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ForkError("step must be an integer", "step")
+    if at not in ("pre", "post"):
+        raise ForkError('at must be "pre" or "post"', "at")
+    if mode not in FORK_MODES:
+        raise ForkError(f"mode must be one of {', '.join(FORK_MODES)}", "mode")
+    if not isinstance(reason, str):
+        raise ForkError("reason must be a string", "reason")
+    source = Snapshot.objects.filter(run=run, seq=Snapshot.seq_for(step, at)).first()
+    if source is None:
+        last = run.steps.order_by("-number").values_list("number", flat=True).first()
+        known = f"steps {run.first_step}..{last}" if last else "no steps yet"
+        raise ForkError(f"run has no {at} snapshot of step {step} ({known})", "step")
+    agent = get_agent(run.agent)
+    source_state = snapshots.load_state(source)
+    new_state = source_state if state is None else state
+    if state is not None:
+        size = len(json.dumps(state, default=str).encode())
+        if size > settings.AGENTRUN_MAX_INPUT_BYTES * 8:
+            raise ForkError(f"state is {size} bytes; too large", "state")
+        try:
+            agent.validate_state(state)
+        except ValueError as exc:
+            raise ForkError(f"state: {exc}", "state") from None
+    phase = new_state.get("phase") if isinstance(new_state, dict) else None
+    if phase in ("done", "error"):
+        raise ForkError(f"the state's phase is {phase!r}: nothing would run. Fork from an earlier "
+                        "snapshot (e.g. the pre snapshot of that step) or edit the phase", "state")
+    if mode == "live" and not confirm_live and side_effects_after(run, step, at):
+        raise ForkError("a live fork runs write/hybrid tools for real: confirm it", "confirm_live")
+    first = step if at == "pre" else step + 1
+    edits = delta.diff(source_state, new_state) if state is not None else []
+    with transaction.atomic():
+        fork = Run.objects.create(
+            agent=run.agent, agent_version=agent.version, input=run.input, parent=run,
+            forked_from=source, mode=mode, created_by=user, first_step=first, next_step=first,
+            phase=str(phase or ""),
+        )
+        snapshots.build(fork.pk, first, "pre", new_state, None, None).save()
+        record_event("run_forked", run=fork, step=first, user=user, reason=reason, payload={
+            "parent": str(run.pk), "step": step, "at": at, "mode": mode,
+            "source_hash": source.hash, "edited": state is not None, "edits": edits,
+        })
+        enqueue(fork.pk, first)
+    return fork

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from django.utils import timezone
 
 from agentrun import engine, services
 from agentrun.models import Run
@@ -43,11 +46,16 @@ def make_run(input: dict[str, Any] | None = None, agent: str = "scripted", user:
                               user=user)
 
 
-def drive(run: Run, max_steps: int = 100) -> Run:
-    """Execute a run's steps in this process until it stops moving (no worker, no broker)."""
+def drive(run: Run, max_steps: int = 100, through_backoff: bool = False) -> Run:
+    """Execute a run's steps in this process until it stops moving (no worker, no broker).
+
+    With through_backoff, a run parked for a retry is waited for and resumed.
+    """
     for _ in range(max_steps):
         run.refresh_from_db()
-        if run.status not in ("queued", "running"):
+        if through_backoff and run.status == "waiting" and run.wait_reason == "backoff" and run.wake_at:
+            time.sleep(max((run.wake_at - timezone.now()).total_seconds(), 0) + 0.02)
+        elif run.status not in ("queued", "running"):
             break
         outcome = engine.execute_step(run.pk, run.next_step)
         if outcome.status == "not_claimed":
