@@ -182,6 +182,8 @@ CELERY_BEAT_SCHEDULE = {
 # --- agentrun runtime --------------------------------------------------------
 # A claimed step is owned for this long; a worker that dies is replaced after it.
 AGENTRUN_LEASE_SECONDS = env_float("AGENTRUN_LEASE_SECONDS", 60.0)
+# Modules that define your agents and tools (imported at start-up), comma-separated.
+AGENTRUN_AGENT_MODULES = [m.strip() for m in env("AGENTRUN_AGENT_MODULES").split(",") if m.strip()]
 # Scripted "fault" points kill the worker on purpose: for demos and tests only.
 AGENTRUN_FAULTS = env_bool("AGENTRUN_FAULTS", EMBEDDED)
 AGENTRUN_MAX_INPUT_BYTES = env_int("AGENTRUN_MAX_INPUT_BYTES", 1024 * 1024)
