@@ -51,6 +51,12 @@ class EventAdmin(ReadOnlyAdmin):
     search_fields = ("actor", "kind")
 
 
-for model in (models.LedgerEntry, models.LedgerInvocation, models.OutboxMessage, models.InventoryItem,
-              models.Reservation, models.ApiToken):
+for model in (
+    models.LedgerEntry,
+    models.LedgerInvocation,
+    models.OutboxMessage,
+    models.InventoryItem,
+    models.Reservation,
+    models.ApiToken,
+):
     admin.site.register(model, ReadOnlyAdmin)

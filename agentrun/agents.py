@@ -166,9 +166,15 @@ class Agent:
     ) -> dict[str, Any]:
         raise NotImplementedError
 
-    def fail(self, state: dict[str, Any], failure: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    def fail(
+        self, state: dict[str, Any], failure: dict[str, Any], ctx: StepContext
+    ) -> dict[str, Any]:
         """The state after a step failed for good; keeps the failure context."""
-        return {**state, "error": failure.get("message"), "failures": [*state.get("failures", []), failure]}
+        return {
+            **state,
+            "error": failure.get("message"),
+            "failures": [*state.get("failures", []), failure],
+        }
 
     def validate_state(self, state: Any) -> None:
         """Raise ValueError (with the path) if `state` is not a valid state."""
@@ -204,24 +210,41 @@ class StateAgent(Agent):
             st.to(Phase.PLANNING)
         st.iteration = ctx.step
         action = "final" if decision.final is not None else ("tools" if decision.calls else "think")
-        st.record_decision(step=ctx.step, thought=decision.thought, rationale=decision.rationale, action=action)
+        st.record_decision(
+            step=ctx.step, thought=decision.thought, rationale=decision.rationale, action=action
+        )
         assistant: dict[str, Any] = {}
         if decision.calls:
             assistant["tool_calls"] = [
-                {"id": r.call_id or f"call_{ctx.step}_{r.index}", "type": "function",
-                 "function": {"name": r.tool, "arguments": _as_text(r.args)}}
+                {
+                    "id": r.call_id or f"call_{ctx.step}_{r.index}",
+                    "type": "function",
+                    "function": {"name": r.tool, "arguments": _as_text(r.args)},
+                }
                 for r in results
             ]
-        st.add_message("assistant", decision.thought if decision.final is None else decision.final, **assistant)
+        st.add_message(
+            "assistant", decision.thought if decision.final is None else decision.final, **assistant
+        )
         if results:
             st.to(Phase.EXECUTING)
         for r in results:
             st.record_tool_call(
-                step=ctx.step, index=r.index, tool=r.tool, kind=r.kind, args=r.args,
-                status=r.status, result=r.result, attempts=r.attempts,
+                step=ctx.step,
+                index=r.index,
+                tool=r.tool,
+                kind=r.kind,
+                args=r.args,
+                status=r.status,
+                result=r.result,
+                attempts=r.attempts,
             )
-            st.add_message("tool", _as_text(r.result if r.error is None else {"error": r.error}),
-                           tool_call_id=r.call_id or f"call_{ctx.step}_{r.index}", name=r.tool)
+            st.add_message(
+                "tool",
+                _as_text(r.result if r.error is None else {"error": r.error}),
+                tool_call_id=r.call_id or f"call_{ctx.step}_{r.index}",
+                name=r.tool,
+            )
         self.observe(st, decision, results, ctx)
         if decision.final is not None:
             st.finish(decision.final)
@@ -229,10 +252,14 @@ class StateAgent(Agent):
             st.to(Phase.REFLECTING)
         return st.to_dict()
 
-    def observe(self, st: AgentState, decision: Decision, results: list[CallResult], ctx: StepContext) -> None:
+    def observe(
+        self, st: AgentState, decision: Decision, results: list[CallResult], ctx: StepContext
+    ) -> None:
         """Hook: fold tool results into memory (notes, plan progress)."""
 
-    def fail(self, state: dict[str, Any], failure: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    def fail(
+        self, state: dict[str, Any], failure: dict[str, Any], ctx: StepContext
+    ) -> dict[str, Any]:
         st = self.load(state)
         st.record_failure(**failure)
         if st.phase not in (Phase.DONE, Phase.ERROR):

@@ -7,12 +7,12 @@ class AgentrunConfig(AppConfig):
 
     def ready(self) -> None:
         # Registering the built-in agents and tools is an import side effect.
-        from agentrun import builtin  # noqa: F401
-
         # Your own agents and tools: modules that register them on import.
         from importlib import import_module
 
         from django.conf import settings
+
+        from agentrun import builtin  # noqa: F401
 
         for module in settings.AGENTRUN_AGENT_MODULES:
             import_module(module)

@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from agentrun import delta, snapshots
 from agentrun.agents import Agent, AgentError, Call, CallResult, Decision, StepContext, get_agent
+from agentrun.events import record_event
 from agentrun.models import (
     ReplayMode,
     Run,
@@ -41,7 +42,6 @@ from agentrun.models import (
     ToolCallStatus,
     WaitReason,
 )
-from agentrun.events import record_event
 from agentrun.redact import redact
 from agentrun.tools import RetryPolicy, Tool, ToolContext, ToolError, get_tool
 
@@ -176,8 +176,14 @@ def claim(run_id: str, number: int, owner: str) -> _Ctx | None:
             )
         )
         if claimed != 1:
-            log.info("step %s of %s not claimable: %s", number, run_id,
-                     Run.objects.filter(pk=run_id).values("status", "next_step", "lease_expires_at", "wake_at").first())
+            log.info(
+                "step %s of %s not claimable: %s",
+                number,
+                run_id,
+                Run.objects.filter(pk=run_id)
+                .values("status", "next_step", "lease_expires_at", "wake_at")
+                .first(),
+            )
             return None
         run = Run.objects.get(pk=run_id)
         if run.started_at is None:
@@ -185,7 +191,9 @@ def claim(run_id: str, number: int, owner: str) -> _Ctx | None:
             run.save(update_fields=["started_at"])
         agent = get_agent(run.agent)
         step, _ = Step.objects.get_or_create(run=run, number=number)
-        Step.objects.filter(pk=step.pk).update(attempts=F("attempts") + 1, status=StepStatus.RUNNING)
+        Step.objects.filter(pk=step.pk).update(
+            attempts=F("attempts") + 1, status=StepStatus.RUNNING
+        )
         step.refresh_from_db()
         pre, pre_state = _ensure_pre_snapshot(run, step, agent)
         if not step.phase_before:
@@ -238,7 +246,9 @@ def _guarded(ctx: _Ctx, **changes: Any) -> None:
 
 def _flush_pending(ctx: _Ctx) -> None:
     for tc in ctx.pending:
-        tc.save(update_fields=["status", "result", "error", "attempts", "finished_at", "from_cache"])
+        tc.save(
+            update_fields=["status", "result", "error", "attempts", "finished_at", "from_cache"]
+        )
     ctx.pending.clear()
 
 
@@ -277,8 +287,17 @@ def _decide(ctx: _Ctx) -> Decision | Outcome:
     except Exception as exc:
         return _fail(ctx, _failure(ctx, exc, where="decide"))
     if problem:
-        return _fail(ctx, {"step": ctx.step.number, "type": "InvalidDecision", "message": problem,
-                           "tool": None, "traceback": "", "input": redact(decision.to_dict())})
+        return _fail(
+            ctx,
+            {
+                "step": ctx.step.number,
+                "type": "InvalidDecision",
+                "message": problem,
+                "tool": None,
+                "traceback": "",
+                "input": redact(decision.to_dict()),
+            },
+        )
     latency = (time.perf_counter() - started) * 1000
     stored = redact(decision.to_dict())
     llm = decision.llm or {}
@@ -307,15 +326,26 @@ def _replay_decision(ctx: _Ctx) -> Decision | None:
     """
     parent_pre = Snapshot.objects.filter(run_id=ctx.run.parent_id, seq=ctx.pre.seq).first()
     twin = Step.objects.filter(run_id=ctx.run.parent_id, number=ctx.step.number).first()
-    if parent_pre is None or twin is None or twin.decision is None or parent_pre.hash != ctx.pre.hash:
-        reason = ("the parent has no decided step here" if parent_pre is None or twin is None or
-                  twin.decision is None else "the state differs from the parent's")
+    if (
+        parent_pre is None
+        or twin is None
+        or twin.decision is None
+        or parent_pre.hash != ctx.pre.hash
+    ):
+        reason = (
+            "the parent has no decided step here"
+            if parent_pre is None or twin is None or twin.decision is None
+            else "the state differs from the parent's"
+        )
         with transaction.atomic():
             _guarded(ctx, divergence_step=ctx.step.number)
             record_event("diverged", run=ctx.run, step=ctx.step.number, payload={"reason": reason})
         ctx.run.divergence_step = ctx.step.number
         return None
-    stored = {**twin.decision, "replayed_from": {"run": str(ctx.run.parent_id), "step": twin.number}}
+    stored = {
+        **twin.decision,
+        "replayed_from": {"run": str(ctx.run.parent_id), "step": twin.number},
+    }
     decision = Decision.from_dict(stored)
     with transaction.atomic():
         _guarded(ctx)
@@ -373,8 +403,15 @@ _DONE = (ToolCallStatus.OK, ToolCallStatus.SKIPPED, ToolCallStatus.COMPENSATED)
 
 def _result_of(tc: ToolCall, call: Call) -> CallResult:
     return CallResult(
-        index=tc.index, tool=tc.tool, kind=tc.kind, args=tc.args, status=tc.status, result=tc.result,
-        error=tc.error or None, attempts=len(tc.attempts), call_id=call.call_id,
+        index=tc.index,
+        tool=tc.tool,
+        kind=tc.kind,
+        args=tc.args,
+        status=tc.status,
+        result=tc.result,
+        error=tc.error or None,
+        attempts=len(tc.attempts),
+        call_id=call.call_id,
     )
 
 
@@ -391,13 +428,23 @@ def _act(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
     if tc.requires_approval:
         approval = tc.approval or {}
         if not approval:
-            return _park(ctx, tc, WaitReason.APPROVAL, ToolCallStatus.AWAITING_APPROVAL, "approval_requested")
+            return _park(
+                ctx, tc, WaitReason.APPROVAL, ToolCallStatus.AWAITING_APPROVAL, "approval_requested"
+            )
         if approval.get("decision") == "reject":
             tc.status = ToolCallStatus.REJECTED
             tc.save(update_fields=["status"])
-            return _fail(ctx, {"step": ctx.step.number, "type": "Rejected",
-                               "message": f"{tc.tool} rejected by {approval.get('by')}: {approval.get('comment', '')}",
-                               "tool": tc.tool, "traceback": "", "input": tc.args})
+            return _fail(
+                ctx,
+                {
+                    "step": ctx.step.number,
+                    "type": "Rejected",
+                    "message": f"{tc.tool} rejected by {approval.get('by')}: {approval.get('comment', '')}",
+                    "tool": tc.tool,
+                    "traceback": "",
+                    "input": tc.args,
+                },
+            )
     if t.kind == "read":
         cached = _read_cache(ctx, call, tc)
         if cached is not None:
@@ -409,7 +456,9 @@ def _act(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
             tc.save(update_fields=["status", "finished_at"])
             return _result_of(tc, call)
         if not t.idempotent and resolution != "retry" and _was_invoked(tc):
-            return _park(ctx, tc, WaitReason.IN_DOUBT, ToolCallStatus.IN_DOUBT, "tool_call_in_doubt")
+            return _park(
+                ctx, tc, WaitReason.IN_DOUBT, ToolCallStatus.IN_DOUBT, "tool_call_in_doubt"
+            )
     if t.kind in SIDE_EFFECTS and tc.status != ToolCallStatus.INTENT:
         with transaction.atomic():
             _guarded(ctx)
@@ -422,20 +471,28 @@ def _act(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
 def _was_invoked(tc: ToolCall) -> bool:
     """Intent recorded and an attempt started that never recorded its end."""
     return any(
-        a.get("started") and not a.get("ended") and a.get("fault") != "crash_before" for a in tc.attempts
+        a.get("started") and not a.get("ended") and a.get("fault") != "crash_before"
+        for a in tc.attempts
     )
 
 
 def _read_cache(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | None:
     hit = (
-        ToolCall.objects.filter(run=ctx.run, tool=tc.tool, args_hash=tc.args_hash, status=ToolCallStatus.OK)
+        ToolCall.objects.filter(
+            run=ctx.run, tool=tc.tool, args_hash=tc.args_hash, status=ToolCallStatus.OK
+        )
         .exclude(pk=tc.pk)
         .order_by("created_at")
         .first()
     )
     if hit is None:
         return None
-    tc.status, tc.result, tc.from_cache, tc.finished_at = ToolCallStatus.OK, hit.result, True, timezone.now()
+    tc.status, tc.result, tc.from_cache, tc.finished_at = (
+        ToolCallStatus.OK,
+        hit.result,
+        True,
+        timezone.now(),
+    )
     ctx.pending.append(tc)
     return _result_of(tc, call)
 
@@ -456,17 +513,28 @@ def _twin_call(ctx: _Ctx, tc: ToolCall) -> ToolCall | None:
     if not ctx.run.parent_id:
         return None
     return ToolCall.objects.filter(
-        run_id=ctx.run.parent_id, step__number=ctx.step.number, index=tc.index,
-        tool=tc.tool, args_hash=tc.args_hash,
+        run_id=ctx.run.parent_id,
+        step__number=ctx.step.number,
+        index=tc.index,
+        tool=tc.tool,
+        args_hash=tc.args_hash,
     ).first()
 
 
 def _replay_call(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
     twin = _twin_call(ctx, tc)
     if twin is None or twin.status not in (*_DONE, ToolCallStatus.REPLAYED):
-        return _fail(ctx, {"step": ctx.step.number, "type": "ReplayMismatch", "tool": tc.tool,
-                           "message": f"the parent has no finished {tc.tool} call #{tc.index} at this step",
-                           "traceback": "", "input": tc.args})
+        return _fail(
+            ctx,
+            {
+                "step": ctx.step.number,
+                "type": "ReplayMismatch",
+                "tool": tc.tool,
+                "message": f"the parent has no finished {tc.tool} call #{tc.index} at this step",
+                "traceback": "",
+                "input": tc.args,
+            },
+        )
     tc.status, tc.result, tc.error = ToolCallStatus.REPLAYED, twin.result, twin.error
     tc.finished_at = timezone.now()
     ctx.pending.append(tc)
@@ -479,8 +547,9 @@ def _replayed(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult:
     origin, run_id, depth = tc, ctx.run.pk, 0
     while origin.status == ToolCallStatus.REPLAYED and depth < 100:
         parent_id = Run.objects.filter(pk=run_id).values_list("parent_id", flat=True).first()
-        found = ToolCall.objects.filter(run_id=parent_id, step__number=ctx.step.number, index=tc.index,
-                                        args_hash=tc.args_hash).first()
+        found = ToolCall.objects.filter(
+            run_id=parent_id, step__number=ctx.step.number, index=tc.index, args_hash=tc.args_hash
+        ).first()
         if found is None:
             break
         origin, run_id, depth = found, parent_id, depth + 1
@@ -533,7 +602,12 @@ def _invoke(ctx: _Ctx, call: Call, tc: ToolCall, t: Tool) -> CallResult | Outcom
     tc.attempts[-1].update(ended=True, duration_ms=round(duration, 2))
     if error is None:
         tc.attempts[-1]["error"] = None
-        tc.status, tc.result, tc.error, tc.finished_at = ToolCallStatus.OK, redact(result), "", timezone.now()
+        tc.status, tc.result, tc.error, tc.finished_at = (
+            ToolCallStatus.OK,
+            redact(result),
+            "",
+            timezone.now(),
+        )
         if t.kind in SIDE_EFFECTS:
             _save_side_effect_result(ctx, tc, t)
         else:
@@ -572,7 +646,9 @@ def _call_with_timeout(t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
 
 
 def _failed_attempt(ctx: _Ctx, call: Call, tc: ToolCall, t: Tool, error: BaseException) -> Outcome:
-    transient = getattr(error, "transient", False) or isinstance(error, (TimeoutError, ConnectionError))
+    transient = getattr(error, "transient", False) or isinstance(
+        error, (TimeoutError, ConnectionError)
+    )
     attempt = len(tc.attempts)
     message = f"{type(error).__name__}: {error}"
     tc.attempts[-1]["error"] = message
@@ -593,16 +669,26 @@ def _backoff(ctx: _Ctx, tc: ToolCall | None, seconds: float, message: str) -> Ou
     """Park the run until `seconds` from now; the step is retried then (same decision)."""
     wake = timezone.now() + timedelta(seconds=seconds)
     with transaction.atomic():
-        _guarded(ctx, status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at=wake,
-                 lease_owner="", lease_expires_at=None)
+        _guarded(
+            ctx,
+            status=RunStatus.WAITING,
+            wait_reason=WaitReason.BACKOFF,
+            wake_at=wake,
+            lease_owner="",
+            lease_expires_at=None,
+        )
         _flush_pending(ctx)
         if tc is not None:
             tc.save(update_fields=["status", "error", "attempts"])
             payload = {"tool": tc.tool, "key": tc.idempotency_key, "attempt": len(tc.attempts)}
         else:
             payload = {"attempt": ctx.step.attempts}
-        record_event("retry_scheduled", run=ctx.run, step=ctx.step.number,
-                     payload={**payload, "backoff_s": seconds, "error": message})
+        record_event(
+            "retry_scheduled",
+            run=ctx.run,
+            step=ctx.step.number,
+            payload={**payload, "backoff_s": seconds, "error": message},
+        )
         # A hint only: the wake-up time is in the database and the reconciler honours it.
         enqueue(ctx.run.pk, ctx.step.number, countdown=seconds)
     return Outcome("backoff", str(ctx.run.pk), ctx.step.number, message)
@@ -610,21 +696,34 @@ def _backoff(ctx: _Ctx, tc: ToolCall | None, seconds: float, message: str) -> Ou
 
 def _park(ctx: _Ctx, tc: ToolCall, reason: str, tc_status: str, event: str) -> Outcome:
     with transaction.atomic():
-        _guarded(ctx, status=RunStatus.WAITING, wait_reason=reason, lease_owner="", lease_expires_at=None)
+        _guarded(
+            ctx, status=RunStatus.WAITING, wait_reason=reason, lease_owner="", lease_expires_at=None
+        )
         _flush_pending(ctx)
         tc.status = tc_status
         tc.save(update_fields=["status"])
         Step.objects.filter(pk=ctx.step.pk).update(status=StepStatus.WAITING)
-        record_event(event, run=ctx.run, step=ctx.step.number,
-                     payload={"tool": tc.tool, "key": tc.idempotency_key, "args": tc.args})
+        record_event(
+            event,
+            run=ctx.run,
+            step=ctx.step.number,
+            payload={"tool": tc.tool, "key": tc.idempotency_key, "args": tc.args},
+        )
     return Outcome("waiting", str(ctx.run.pk), ctx.step.number, reason)
 
 
 # --- commit and failure ------------------------------------------------------------
 
 
-def _failure(ctx: _Ctx, exc: BaseException, *, where: str, tool: str | None = None,
-             input: Any = None, detail: Any = None) -> dict[str, Any]:
+def _failure(
+    ctx: _Ctx,
+    exc: BaseException,
+    *,
+    where: str,
+    tool: str | None = None,
+    input: Any = None,
+    detail: Any = None,
+) -> dict[str, Any]:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     failure = {
         "step": ctx.step.number,
@@ -643,9 +742,14 @@ def _failure(ctx: _Ctx, exc: BaseException, *, where: str, tool: str | None = No
 def _commit(ctx: _Ctx, decision: Decision, results: list[CallResult]) -> Outcome:
     post_state = ctx.agent.update(ctx.pre_state, decision, results, ctx.sctx)
     finished = decision.final is not None
-    return _write_post(ctx, post_state, StepStatus.SUCCEEDED,
-                       RunStatus.SUCCEEDED if finished else RunStatus.RUNNING,
-                       final=decision.final, decision=decision)
+    return _write_post(
+        ctx,
+        post_state,
+        StepStatus.SUCCEEDED,
+        RunStatus.SUCCEEDED if finished else RunStatus.RUNNING,
+        final=decision.final,
+        decision=decision,
+    )
 
 
 def _fail(ctx: _Ctx, failure: dict[str, Any]) -> Outcome:
@@ -657,13 +761,21 @@ def _fail(ctx: _Ctx, failure: dict[str, Any]) -> Outcome:
     return outcome
 
 
-def _write_post(ctx: _Ctx, post_state: dict[str, Any], step_status: str, run_status: str, *,
-                final: str | None = None, decision: Decision | None = None,
-                failure: dict[str, Any] | None = None) -> Outcome:
+def _write_post(
+    ctx: _Ctx,
+    post_state: dict[str, Any],
+    step_status: str,
+    run_status: str,
+    *,
+    final: str | None = None,
+    decision: Decision | None = None,
+    failure: dict[str, Any] | None = None,
+) -> Outcome:
     now = timezone.now()
     number = ctx.step.number
-    snap = snapshots.build(ctx.run.pk, number, "post", post_state, ctx.pre, ctx.pre_state,
-                           outcome=step_status)
+    snap = snapshots.build(
+        ctx.run.pk, number, "post", post_state, ctx.pre, ctx.pre_state, outcome=step_status
+    )
     terminal = run_status != RunStatus.RUNNING
     llm = (decision.llm if decision else None) or {}
     run_changes: dict[str, Any] = {
@@ -687,21 +799,34 @@ def _write_post(ctx: _Ctx, post_state: dict[str, Any], step_status: str, run_sta
         terminal = True
     try:
         with transaction.atomic():
-            n = Run.objects.filter(pk=ctx.run.pk, next_step=number, lease_owner=ctx.owner,
-                                   status=RunStatus.RUNNING).update(**run_changes)
+            n = Run.objects.filter(
+                pk=ctx.run.pk, next_step=number, lease_owner=ctx.owner, status=RunStatus.RUNNING
+            ).update(**run_changes)
             if n != 1:
                 raise LeaseLost(f"commit of step {number} refused")
             snap.save()
             _flush_pending(ctx)
             Step.objects.filter(pk=ctx.step.pk).update(
-                status=step_status, phase_after=snap.phase, failure=failure, finished_at=now,
-                duration_ms=round((time.perf_counter() - ctx.started) * 1000, 3), state_size=snap.size,
+                status=step_status,
+                phase_after=snap.phase,
+                failure=failure,
+                finished_at=now,
+                duration_ms=round((time.perf_counter() - ctx.started) * 1000, 3),
+                state_size=snap.size,
             )
-            record_event("step_failed" if failure else "step_committed", run=ctx.run, step=number,
-                         payload={"hash": snap.hash[:16], "phase": snap.phase})
+            record_event(
+                "step_failed" if failure else "step_committed",
+                run=ctx.run,
+                step=number,
+                payload={"hash": snap.hash[:16], "phase": snap.phase},
+            )
             if terminal:
-                record_event(f"run_{run_changes['status']}", run=ctx.run, step=number,
-                             payload={"error": run_changes.get("error", "")} if failure else {})
+                record_event(
+                    f"run_{run_changes['status']}",
+                    run=ctx.run,
+                    step=number,
+                    payload={"error": run_changes.get("error", "")} if failure else {},
+                )
             else:
                 enqueue(ctx.run.pk, number + 1)
     except (LeaseLost, IntegrityError) as exc:
@@ -726,16 +851,27 @@ def compensate_run(run: Run) -> int:
         tctx = ToolContext(str(run.pk), tc.step.number, tc.index, key)
         try:
             outcome = t.compensate(tctx, tc.args, tc.result) if t.compensate else None
-            tc.compensation = {"status": "ok", "at": timezone.now().isoformat(), "key": key,
-                               "result": redact(outcome)}
+            tc.compensation = {
+                "status": "ok",
+                "at": timezone.now().isoformat(),
+                "key": key,
+                "result": redact(outcome),
+            }
             tc.status = ToolCallStatus.COMPENSATED
             done += 1
         except Exception as exc:  # recorded; the reconciler tries again
-            tc.compensation = {"status": "failed", "at": timezone.now().isoformat(), "key": key,
-                               "error": f"{type(exc).__name__}: {exc}"}
+            tc.compensation = {
+                "status": "failed",
+                "at": timezone.now().isoformat(),
+                "key": key,
+                "error": f"{type(exc).__name__}: {exc}",
+            }
         with transaction.atomic():
             tc.save(update_fields=["status", "compensation"])
-            record_event("compensated" if tc.status == ToolCallStatus.COMPENSATED else "compensation_failed",
-                         run=run, step=tc.step.number,
-                         payload={"tool": tc.tool, "key": tc.idempotency_key, **tc.compensation})
+            record_event(
+                "compensated" if tc.status == ToolCallStatus.COMPENSATED else "compensation_failed",
+                run=run,
+                step=tc.step.number,
+                payload={"tool": tc.tool, "key": tc.idempotency_key, **tc.compensation},
+            )
     return done

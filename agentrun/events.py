@@ -22,6 +22,11 @@ def record_event(
     if actor is None:
         actor = user.get_username() if user is not None else "system"
     return Event.objects.create(
-        run=run, step=step, kind=kind, actor=actor, user=user if user is not None else None,
-        reason=reason, payload=redact(payload or {}),
+        run=run,
+        step=step,
+        kind=kind,
+        actor=actor,
+        user=user if user is not None else None,
+        reason=reason,
+        payload=redact(payload or {}),
     )

@@ -57,7 +57,9 @@ class RunQuerySet(models.QuerySet["Run"]):
         )
 
     def due_backoff(self, now: datetime) -> RunQuerySet:
-        return self.filter(status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at__lte=now)
+        return self.filter(
+            status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at__lte=now
+        )
 
 
 class Run(models.Model):
@@ -68,7 +70,9 @@ class Run(models.Model):
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
     wait_reason = models.CharField(max_length=16, choices=WaitReason.choices, blank=True)
     phase = models.CharField(max_length=16, default="idle")
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="forks")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="forks"
+    )
     forked_from = models.ForeignKey(
         "Snapshot", null=True, blank=True, on_delete=models.PROTECT, related_name="forks"
     )
@@ -267,7 +271,9 @@ class ToolCall(models.Model):
 
     class Meta:
         ordering = ["run", "step__number", "index"]
-        constraints = [models.UniqueConstraint(fields=["step", "index"], name="toolcall_step_index")]
+        constraints = [
+            models.UniqueConstraint(fields=["step", "index"], name="toolcall_step_index")
+        ]
         indexes = [
             # The audit page and the per-run read cache: calls of one kind, by tool.
             models.Index(fields=["kind", "-created_at"], name="toolcall_kind_created"),
@@ -284,12 +290,24 @@ class Event(models.Model):
     UPDATE and DELETE are refused by a database trigger (see the migration).
     """
 
-    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="events", db_constraint=False)
+    run = models.ForeignKey(
+        Run,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="events",
+        db_constraint=False,
+    )
     step = models.IntegerField(null=True, blank=True)
     kind = models.CharField(max_length=40)
     actor = models.CharField(max_length=150)
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_constraint=False,
     )
     reason = models.TextField(blank=True)
     payload = models.JSONField(default=dict)
@@ -318,7 +336,9 @@ class Event(models.Model):
 class ApiToken(models.Model):
     """Bearer tokens for the JSON API; only a hash is stored."""
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
     digest = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=12)
     created_at = models.DateTimeField(default=timezone.now)

@@ -24,11 +24,17 @@ def reconcile_once(grace_seconds: float | None = None) -> dict[str, int]:
     """One pass; returns how many runs were re-enqueued and compensated."""
     now = timezone.now()
     # A run queued a moment ago still has its message in flight: leave it be.
-    grace = timedelta(seconds=grace_seconds if grace_seconds is not None else settings.AGENTRUN_RECONCILE_EVERY)
+    grace = timedelta(
+        seconds=grace_seconds if grace_seconds is not None else settings.AGENTRUN_RECONCILE_EVERY
+    )
     unleased = Q(lease_expires_at__isnull=True, updated_at__lt=now - grace)
     expired = Q(lease_expires_at__lt=now)
-    stalled = Run.objects.filter(status__in=(RunStatus.QUEUED, RunStatus.RUNNING)).filter(unleased | expired)
-    due = Run.objects.filter(status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at__lte=now)
+    stalled = Run.objects.filter(status__in=(RunStatus.QUEUED, RunStatus.RUNNING)).filter(
+        unleased | expired
+    )
+    due = Run.objects.filter(
+        status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at__lte=now
+    )
     enqueued = 0
     for run_id, next_step in list(stalled.values_list("id", "next_step")) + list(
         due.values_list("id", "next_step")

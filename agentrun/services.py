@@ -39,11 +39,16 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None) -> Run:
     agent = get_agent(agent_name)
     size = len(json.dumps(input, default=str).encode())
     if size > settings.AGENTRUN_MAX_INPUT_BYTES:
-        raise InvalidInput(f"input is {size} bytes; the limit is {settings.AGENTRUN_MAX_INPUT_BYTES}")
+        raise InvalidInput(
+            f"input is {size} bytes; the limit is {settings.AGENTRUN_MAX_INPUT_BYTES}"
+        )
     agent.validate_input(input)
     with transaction.atomic():
         run = Run.objects.create(
-            agent=agent.name, agent_version=agent.version, input=redact(input), created_by=user,
+            agent=agent.name,
+            agent_version=agent.version,
+            input=redact(input),
+            created_by=user,
         )
         record_event("run_created", run=run, user=user, payload={"agent": agent.name})
         enqueue(run.pk, run.next_step)
@@ -55,11 +60,18 @@ def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
     now = timezone.now()
     with transaction.atomic():
         n = Run.objects.filter(pk=run.pk, status__in=ACTIVE_STATUSES).update(
-            status=RunStatus.CANCELLED, wait_reason="", finished_at=now, updated_at=now,
-            lease_owner="", lease_expires_at=None, wake_at=None,
+            status=RunStatus.CANCELLED,
+            wait_reason="",
+            finished_at=now,
+            updated_at=now,
+            lease_owner="",
+            lease_expires_at=None,
+            wake_at=None,
         )
         if n != 1:
-            raise ActionError(f"run is {Run.objects.get(pk=run.pk).status}; only an active run can be cancelled")
+            raise ActionError(
+                f"run is {Run.objects.get(pk=run.pk).status}; only an active run can be cancelled"
+            )
         run.steps.filter(status__in=(StepStatus.RUNNING, StepStatus.WAITING)).update(
             status=StepStatus.CANCELLED, finished_at=now
         )
@@ -69,8 +81,9 @@ def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
     return run
 
 
-def decide_approval(run: Run, *, user: Any, decision: str, comment: str = "",
-                    resolution: str | None = None) -> Run:
+def decide_approval(
+    run: Run, *, user: Any, decision: str, comment: str = "", resolution: str | None = None
+) -> Run:
     """An operator approves or rejects the call the run is waiting on.
 
     For a call left in doubt, `resolution` says what "approve" means: "retry"
@@ -81,35 +94,64 @@ def decide_approval(run: Run, *, user: Any, decision: str, comment: str = "",
     if resolution not in (None, "retry", "mark_done"):
         raise ActionError('resolution must be "retry" or "mark_done"')
     run.refresh_from_db()
-    if run.status != RunStatus.WAITING or run.wait_reason not in (WaitReason.APPROVAL, WaitReason.IN_DOUBT):
-        raise ActionError(f"run is {run.status}{' (' + run.wait_reason + ')' if run.wait_reason else ''}; "
-                          "it is not waiting for an operator")
-    waiting_status = (ToolCallStatus.AWAITING_APPROVAL if run.wait_reason == WaitReason.APPROVAL
-                      else ToolCallStatus.IN_DOUBT)
-    tc = ToolCall.objects.filter(run=run, status=waiting_status).order_by("-step__number", "index").first()
+    if run.status != RunStatus.WAITING or run.wait_reason not in (
+        WaitReason.APPROVAL,
+        WaitReason.IN_DOUBT,
+    ):
+        raise ActionError(
+            f"run is {run.status}{' (' + run.wait_reason + ')' if run.wait_reason else ''}; "
+            "it is not waiting for an operator"
+        )
+    waiting_status = (
+        ToolCallStatus.AWAITING_APPROVAL
+        if run.wait_reason == WaitReason.APPROVAL
+        else ToolCallStatus.IN_DOUBT
+    )
+    tc = (
+        ToolCall.objects.filter(run=run, status=waiting_status)
+        .order_by("-step__number", "index")
+        .first()
+    )
     if tc is None:
         raise ActionError("no tool call is waiting for a decision")
-    record = {"decision": decision, "by": user.get_username(), "at": timezone.now().isoformat(),
-              "comment": comment}
+    record = {
+        "decision": decision,
+        "by": user.get_username(),
+        "at": timezone.now().isoformat(),
+        "comment": comment,
+    }
     if run.wait_reason == WaitReason.IN_DOUBT:
         record["resolution"] = resolution or "retry"
     with transaction.atomic():
-        n = Run.objects.filter(pk=run.pk, status=RunStatus.WAITING, wait_reason=run.wait_reason).update(
-            status=RunStatus.QUEUED, wait_reason="", updated_at=timezone.now()
-        )
+        n = Run.objects.filter(
+            pk=run.pk, status=RunStatus.WAITING, wait_reason=run.wait_reason
+        ).update(status=RunStatus.QUEUED, wait_reason="", updated_at=timezone.now())
         if n != 1:
             raise ActionError("the run changed meanwhile; reload and try again")
         if decision == "reject" and run.wait_reason == WaitReason.IN_DOUBT:
             record["resolution"] = "reject"
         tc.approval = record
-        tc.status = ToolCallStatus.PLANNED if run.wait_reason == WaitReason.APPROVAL else ToolCallStatus.IN_DOUBT
+        tc.status = (
+            ToolCallStatus.PLANNED
+            if run.wait_reason == WaitReason.APPROVAL
+            else ToolCallStatus.IN_DOUBT
+        )
         if run.wait_reason == WaitReason.IN_DOUBT and decision == "reject":
             tc.requires_approval = True  # the engine fails the run on a rejected call
         tc.save(update_fields=["approval", "status", "requires_approval"])
         run.steps.filter(number=run.next_step).update(status=StepStatus.RUNNING)
-        record_event("approved" if decision == "approve" else "rejected", run=run, step=run.next_step,
-                     user=user, reason=comment, payload={"tool": tc.tool, "key": tc.idempotency_key,
-                                                         "resolution": record.get("resolution")})
+        record_event(
+            "approved" if decision == "approve" else "rejected",
+            run=run,
+            step=run.next_step,
+            user=user,
+            reason=comment,
+            payload={
+                "tool": tc.tool,
+                "key": tc.idempotency_key,
+                "resolution": record.get("resolution"),
+            },
+        )
         enqueue(run.pk, run.next_step)
     run.refresh_from_db()
     return run
@@ -136,8 +178,17 @@ def side_effects_after(run: Run, step: int, at: str) -> list[ToolCall]:
     )
 
 
-def fork_run(run: Run, *, step: Any, at: Any = "pre", state: Any = None, mode: Any = "sandbox",
-             reason: Any = "", user: Any = None, confirm_live: bool = False) -> Run:
+def fork_run(
+    run: Run,
+    *,
+    step: Any,
+    at: Any = "pre",
+    state: Any = None,
+    mode: Any = "sandbox",
+    reason: Any = "",
+    user: Any = None,
+    confirm_live: bool = False,
+) -> Run:
     """Start a new run from the (step, at) snapshot of `run`, optionally with an edited state.
 
     The fork links to its parent and source snapshot, numbers its steps on from
@@ -173,22 +224,44 @@ def fork_run(run: Run, *, step: Any, at: Any = "pre", state: Any = None, mode: A
             raise ForkError(f"state: {exc}", "state") from None
     phase = new_state.get("phase") if isinstance(new_state, dict) else None
     if phase in ("done", "error"):
-        raise ForkError(f"the state's phase is {phase!r}: nothing would run. Fork from an earlier "
-                        "snapshot (e.g. the pre snapshot of that step) or edit the phase", "state")
+        raise ForkError(
+            f"the state's phase is {phase!r}: nothing would run. Fork from an earlier "
+            "snapshot (e.g. the pre snapshot of that step) or edit the phase",
+            "state",
+        )
     if mode == "live" and not confirm_live and side_effects_after(run, step, at):
         raise ForkError("a live fork runs write/hybrid tools for real: confirm it", "confirm_live")
     first = step if at == "pre" else step + 1
     edits = delta.diff(source_state, new_state) if state is not None else []
     with transaction.atomic():
         fork = Run.objects.create(
-            agent=run.agent, agent_version=agent.version, input=run.input, parent=run,
-            forked_from=source, mode=mode, created_by=user, first_step=first, next_step=first,
+            agent=run.agent,
+            agent_version=agent.version,
+            input=run.input,
+            parent=run,
+            forked_from=source,
+            mode=mode,
+            created_by=user,
+            first_step=first,
+            next_step=first,
             phase=str(phase or ""),
         )
         snapshots.build(fork.pk, first, "pre", new_state, None, None).save()
-        record_event("run_forked", run=fork, step=first, user=user, reason=reason, payload={
-            "parent": str(run.pk), "step": step, "at": at, "mode": mode,
-            "source_hash": source.hash, "edited": state is not None, "edits": edits,
-        })
+        record_event(
+            "run_forked",
+            run=fork,
+            step=first,
+            user=user,
+            reason=reason,
+            payload={
+                "parent": str(run.pk),
+                "step": step,
+                "at": at,
+                "mode": mode,
+                "source_hash": source.hash,
+                "edited": state is not None,
+                "edits": edits,
+            },
+        )
         enqueue(fork.pk, first)
     return fork

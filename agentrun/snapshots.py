@@ -33,7 +33,9 @@ class Encoded:
     keyframe_seq: int
 
 
-def encode(state: dict[str, Any], seq: int, prev: Snapshot | None, prev_state: Any | None) -> Encoded:
+def encode(
+    state: dict[str, Any], seq: int, prev: Snapshot | None, prev_state: Any | None
+) -> Encoded:
     """Decide how to store `state` at position `seq` after `prev`."""
     blob = delta.canonical(state)
     digest = hashlib.sha256(blob).hexdigest()
@@ -84,9 +86,19 @@ def build(
 def reference(run_id: Any, step: int, at: str, prev: Snapshot) -> Snapshot:
     """An unsaved REF snapshot: the same state as `prev`, stored as nothing."""
     return Snapshot(
-        run_id=run_id, step=step, at=at, seq=Snapshot.seq_for(step, at), kind=SnapshotKind.REF,
-        data=None, keyframe_seq=prev.keyframe_seq, hash=prev.hash, size=prev.size, stored_bytes=0,
-        chain_bytes=prev.chain_bytes, phase=prev.phase, outcome="",
+        run_id=run_id,
+        step=step,
+        at=at,
+        seq=Snapshot.seq_for(step, at),
+        kind=SnapshotKind.REF,
+        data=None,
+        keyframe_seq=prev.keyframe_seq,
+        hash=prev.hash,
+        size=prev.size,
+        stored_bytes=0,
+        chain_bytes=prev.chain_bytes,
+        phase=prev.phase,
+        outcome="",
     )
 
 

@@ -42,8 +42,9 @@ def final(answer: str = "done", thought: str = "finish") -> dict[str, Any]:
 
 
 def make_run(input: dict[str, Any] | None = None, agent: str = "scripted", user: Any = None) -> Run:
-    return services.start_run(agent, input or script(calls({"tool": "echo", "args": {"x": 1}}), final()),
-                              user=user)
+    return services.start_run(
+        agent, input or script(calls({"tool": "echo", "args": {"x": 1}}), final()), user=user
+    )
 
 
 def drive(run: Run, max_steps: int = 100, through_backoff: bool = False) -> Run:
@@ -53,7 +54,12 @@ def drive(run: Run, max_steps: int = 100, through_backoff: bool = False) -> Run:
     """
     for _ in range(max_steps):
         run.refresh_from_db()
-        if through_backoff and run.status == "waiting" and run.wait_reason == "backoff" and run.wake_at:
+        if (
+            through_backoff
+            and run.status == "waiting"
+            and run.wait_reason == "backoff"
+            and run.wake_at
+        ):
             time.sleep(max((run.wake_at - timezone.now()).total_seconds(), 0) + 0.02)
         elif run.status not in ("queued", "running"):
             break

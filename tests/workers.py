@@ -58,15 +58,33 @@ class Worker:
         self.name = f"w{Worker.count}"
         self.log_path = tmp_path / f"{self.name}.log"
         cmd = [
-            sys.executable, "-m", "celery", "-A", "agentrun", "worker", "-P", "prefork",
-            "-c", str(concurrency), "-l", "info", "-n", f"{self.name}@%h",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "agentrun",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-l",
+            "info",
+            "-n",
+            f"{self.name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
         ]
         if beat:
             cmd += ["-B", "--schedule", str(tmp_path / f"{self.name}-beat")]
         self.log = open(self.log_path, "w")  # noqa: SIM115 — closed in stop()
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=worker_env(**env), stdout=self.log, stderr=subprocess.STDOUT,
+            cmd,
+            cwd=ROOT,
+            env=worker_env(**env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         self.wait_for_log("ready", timeout=60)
@@ -99,7 +117,9 @@ class Worker:
         self.log.close()
 
 
-def wait_until(check: Callable[[], Any], timeout: float = 60, interval: float = 0.1, what: str = "") -> Any:
+def wait_until(
+    check: Callable[[], Any], timeout: float = 60, interval: float = 0.1, what: str = ""
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()

@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun.agents import AgentError, Call, Decision, InvalidInput, StateAgent, StepContext, register
+from agentrun.agents import (
+    AgentError,
+    Call,
+    Decision,
+    InvalidInput,
+    StateAgent,
+    StepContext,
+    register,
+)
 from agentrun.tools import REGISTRY
 
 FAULTS = ("crash_before", "crash_after")
@@ -29,7 +37,9 @@ def _check_call(call: Any, where: str) -> None:
         raise InvalidInput(f"{where}: unknown key(s) {', '.join(unknown)}")
     name = call.get("tool")
     if not isinstance(name, str) or name not in REGISTRY:
-        raise InvalidInput(f"{where}.tool: unknown tool {name!r} (known: {', '.join(sorted(REGISTRY))})")
+        raise InvalidInput(
+            f"{where}.tool: unknown tool {name!r} (known: {', '.join(sorted(REGISTRY))})"
+        )
     args = call.get("args", {})
     problem = REGISTRY[name].check_args(args)
     if problem:
@@ -88,11 +98,16 @@ class ScriptedAgent(StateAgent):
             raise AgentError(f"the script has no step {ctx.step} (it has {len(steps)})")
         step = steps[ctx.step - 1]
         if "final" in step:
-            return Decision(thought=step.get("thought", ""), rationale=step.get("rationale", ""),
-                            final=step["final"])
+            return Decision(
+                thought=step.get("thought", ""),
+                rationale=step.get("rationale", ""),
+                final=step["final"],
+            )
         return Decision(
             thought=step.get("thought", ""),
             rationale=step.get("rationale", ""),
-            calls=[Call(c["tool"], c.get("args", {}), bool(c.get("approval")), c.get("fault"))
-                   for c in step["calls"]],
+            calls=[
+                Call(c["tool"], c.get("args", {}), bool(c.get("approval")), c.get("fault"))
+                for c in step["calls"]
+            ],
         )

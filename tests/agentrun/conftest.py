@@ -1,7 +1,6 @@
 import pytest
 
 from agentrun.celery import app as celery_app
-
 from tests.workers import Worker
 
 

@@ -14,22 +14,30 @@ def _settled(run):
     def check():
         run.refresh_from_db()
         return run.status in ("succeeded", "failed", "cancelled", "waiting")
+
     return check
 
 
 def test_a_duplicated_step_message_commits_the_step_once(start_worker, settings):
     settings.AGENTRUN_ENQUEUE = False  # only our duplicates wake the workers
-    run = make_run(script(
-        calls({"tool": "sleep", "args": {"seconds": 0.5}},
-              {"tool": "ledger_write", "args": {"account": "dup", "amount": 1}}),
-        final("once"),
-    ))
+    run = make_run(
+        script(
+            calls(
+                {"tool": "sleep", "args": {"seconds": 0.5}},
+                {"tool": "ledger_write", "args": {"account": "dup", "amount": 1}},
+            ),
+            final("once"),
+        )
+    )
     for _ in range(6):
         execute_step_task.delay(str(run.pk), 1)
     start_worker(concurrency=2)
     start_worker(concurrency=1)
-    wait_until(lambda: Step.objects.filter(run=run, number=1, status="succeeded").exists(), timeout=60,
-               what="step 1 to commit")
+    wait_until(
+        lambda: Step.objects.filter(run=run, number=1, status="succeeded").exists(),
+        timeout=60,
+        what="step 1 to commit",
+    )
     execute_step_task.delay(str(run.pk), 2)
     execute_step_task.delay(str(run.pk), 2)
     wait_until(_settled(run), timeout=60, what="the run to finish")

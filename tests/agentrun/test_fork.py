@@ -2,9 +2,18 @@
 
 import pytest
 
-from agentrun import services, snapshots
+from agentrun import snapshots
 from agentrun.delta import state_hash
-from agentrun.models import Event, LedgerEntry, LedgerInvocation, Reservation, Run, Snapshot, Step, ToolCall
+from agentrun.models import (
+    Event,
+    LedgerEntry,
+    LedgerInvocation,
+    Reservation,
+    Run,
+    Snapshot,
+    Step,
+    ToolCall,
+)
 from agentrun.services import ForkError, fork_run
 from tests.base import calls, drive, final, make_people, make_run, script
 
@@ -12,8 +21,10 @@ pytestmark = pytest.mark.django_db
 
 SIDE_EFFECTS = script(
     calls({"tool": "echo", "args": {"n": 1}}),
-    calls({"tool": "ledger_write", "args": {"account": "acme", "amount": 10}},
-          {"tool": "reserve", "args": {"sku": "kayak", "qty": 1}}),
+    calls(
+        {"tool": "ledger_write", "args": {"account": "acme", "amount": 10}},
+        {"tool": "reserve", "args": {"sku": "kayak", "qty": 1}},
+    ),
     calls({"tool": "notify", "args": {"to": "ana", "body": "booked"}}),
     final("booked"),
 )
@@ -29,15 +40,24 @@ def parent_hashes(run):
 
 
 def counts():
-    return (LedgerEntry.objects.count(), sum(LedgerInvocation.objects.values_list("count", flat=True)),
-            Reservation.objects.count(), ToolCall.objects.filter(kind="write", status="ok").count())
+    return (
+        LedgerEntry.objects.count(),
+        sum(LedgerInvocation.objects.values_list("count", flat=True)),
+        Reservation.objects.count(),
+        ToolCall.objects.filter(kind="write", status="ok").count(),
+    )
 
 
 def test_a_fork_from_a_pre_snapshot_starts_at_that_step_with_that_state(olga):
     parent = drive(make_run(SIDE_EFFECTS))
     before = parent_hashes(parent)
     fork = fork_run(parent, step=2, at="pre", user=olga, reason="look again")
-    assert (fork.parent_id, fork.first_step, fork.next_step, fork.mode) == (parent.pk, 2, 2, "sandbox")
+    assert (fork.parent_id, fork.first_step, fork.next_step, fork.mode) == (
+        parent.pk,
+        2,
+        2,
+        "sandbox",
+    )
     assert fork.forked_from == snapshots.get(parent.pk, 2, "pre")
     assert snapshots.get(fork.pk, 2, "pre").hash == snapshots.get(parent.pk, 2, "pre").hash
     drive(fork)
@@ -114,11 +134,15 @@ def test_an_edited_state_is_recorded_with_its_diff(olga):
 
 
 def test_a_fork_of_a_running_parent_and_a_fork_of_a_fork(olga):
-    parent = make_run(script(
-        calls({"tool": "echo", "args": {"n": 1}}),
-        calls({"tool": "ledger_write", "args": {"account": "a", "amount": 1}, "approval": True}),
-        final("x"),
-    ))
+    parent = make_run(
+        script(
+            calls({"tool": "echo", "args": {"n": 1}}),
+            calls(
+                {"tool": "ledger_write", "args": {"account": "a", "amount": 1}, "approval": True}
+            ),
+            final("x"),
+        )
+    )
     drive(parent)
     assert parent.status == "waiting"
     fork = drive(fork_run(parent, step=1, at="post", user=olga))
@@ -129,16 +153,19 @@ def test_a_fork_of_a_running_parent_and_a_fork_of_a_fork(olga):
     assert Run.objects.get(pk=parent.pk).status == "waiting"
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"step": 9}, "no pre snapshot of step 9"),
-    ({"step": "2"}, "step must be an integer"),
-    ({"step": 2, "at": "middle"}, 'at must be "pre" or "post"'),
-    ({"step": 2, "mode": "yolo"}, "mode must be one of"),
-    ({"step": 2, "state": {"phase": "bogus"}}, "state: phase"),
-    ({"step": 2, "state": {"phase": "planning", "memory": {"notes": []}}}, "memory.notes"),
-    ({"step": 2, "state": []}, "state"),
-    ({"step": 4, "at": "post"}, "nothing would run"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"step": 9}, "no pre snapshot of step 9"),
+        ({"step": "2"}, "step must be an integer"),
+        ({"step": 2, "at": "middle"}, 'at must be "pre" or "post"'),
+        ({"step": 2, "mode": "yolo"}, "mode must be one of"),
+        ({"step": 2, "state": {"phase": "bogus"}}, "state: phase"),
+        ({"step": 2, "state": {"phase": "planning", "memory": {"notes": []}}}, "memory.notes"),
+        ({"step": 2, "state": []}, "state"),
+        ({"step": 4, "at": "post"}, "nothing would run"),
+    ],
+)
 def test_an_invalid_fork_request_gets_a_clear_error_and_creates_nothing(olga, kwargs, message):
     parent = drive(make_run(SIDE_EFFECTS))
     runs, events = Run.objects.count(), Event.objects.count()

@@ -17,23 +17,37 @@ def _settled(run, *statuses):
     def check():
         run.refresh_from_db()
         return run.status in statuses
+
     return check
 
 
 def test_a_notify_call_left_in_doubt_waits_for_an_operator_instead_of_repeating(start_worker):
     olga = make_people()["operator"]
-    run = make_run(script(
-        calls({"tool": "notify", "args": {"to": "ana@example.com", "body": "shipped"}, "fault": "crash_after"}),
-        final("told"),
-    ))
+    run = make_run(
+        script(
+            calls(
+                {
+                    "tool": "notify",
+                    "args": {"to": "ana@example.com", "body": "shipped"},
+                    "fault": "crash_after",
+                }
+            ),
+            final("told"),
+        )
+    )
     start_worker(beat=True)
     wait_until(_settled(run), timeout=60, what="the run to stop")
     assert (run.status, run.wait_reason) == ("waiting", "in_doubt")
     assert OutboxMessage.objects.filter(run=run).count() == 1
     assert ToolCall.objects.get(run=run, tool="notify").status == "in_doubt"
 
-    services.decide_approval(run, user=olga, decision="approve", resolution="mark_done",
-                             comment="checked the outbox: it was sent")
+    services.decide_approval(
+        run,
+        user=olga,
+        decision="approve",
+        resolution="mark_done",
+        comment="checked the outbox: it was sent",
+    )
     wait_until(_settled(run, "succeeded", "failed"), timeout=60, what="the run to finish")
     assert run.status == "succeeded"
     assert OutboxMessage.objects.filter(run=run).count() == 1
@@ -41,10 +55,18 @@ def test_a_notify_call_left_in_doubt_waits_for_an_operator_instead_of_repeating(
 
 def test_approval_pauses_the_run_and_approve_resumes_it(start_worker):
     olga = make_people()["operator"]
-    run = make_run(script(
-        calls({"tool": "ledger_write", "args": {"account": "acme", "amount": 99}, "approval": True}),
-        final("paid"),
-    ))
+    run = make_run(
+        script(
+            calls(
+                {
+                    "tool": "ledger_write",
+                    "args": {"account": "acme", "amount": 99},
+                    "approval": True,
+                }
+            ),
+            final("paid"),
+        )
+    )
     start_worker()
     wait_until(_settled(run), timeout=60, what="the approval pause")
     assert (run.status, run.wait_reason) == ("waiting", "approval")
@@ -57,11 +79,19 @@ def test_approval_pauses_the_run_and_approve_resumes_it(start_worker):
 
 def test_reject_fails_the_run_and_compensates_its_reservations(start_worker):
     olga = make_people()["operator"]
-    run = make_run(script(
-        calls({"tool": "reserve", "args": {"sku": "lamp", "qty": 2}}),
-        calls({"tool": "ledger_write", "args": {"account": "acme", "amount": 40}, "approval": True}),
-        final("bought"),
-    ))
+    run = make_run(
+        script(
+            calls({"tool": "reserve", "args": {"sku": "lamp", "qty": 2}}),
+            calls(
+                {
+                    "tool": "ledger_write",
+                    "args": {"account": "acme", "amount": 40},
+                    "approval": True,
+                }
+            ),
+            final("bought"),
+        )
+    )
     start_worker()
     wait_until(_settled(run), timeout=60, what="the approval pause")
     assert InventoryItem.objects.get(sku="lamp").reserved == 2
@@ -76,12 +106,16 @@ def test_reject_fails_the_run_and_compensates_its_reservations(start_worker):
 
 def test_cancel_compensates_the_reservations_in_reverse_order(start_worker):
     olga = make_people()["operator"]
-    run = make_run(script(
-        calls({"tool": "reserve", "args": {"sku": "desk", "qty": 1}},
-              {"tool": "reserve", "args": {"sku": "chair", "qty": 4}}),
-        calls({"tool": "sleep", "args": {"seconds": 30}}),
-        final("furnished"),
-    ))
+    run = make_run(
+        script(
+            calls(
+                {"tool": "reserve", "args": {"sku": "desk", "qty": 1}},
+                {"tool": "reserve", "args": {"sku": "chair", "qty": 4}},
+            ),
+            calls({"tool": "sleep", "args": {"seconds": 30}}),
+            final("furnished"),
+        )
+    )
     start_worker()
     wait_until(lambda: ToolCall.objects.filter(run=run, tool="sleep").exists(), what="step 2")
     services.cancel_run(run, user=olga, reason="customer called")

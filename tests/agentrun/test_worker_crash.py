@@ -15,28 +15,39 @@ def _finished(run):
     def check():
         run.refresh_from_db()
         return run.status in ("succeeded", "failed", "cancelled", "waiting") and run
+
     return check
 
 
 def _assert_exactly_once(run: Run) -> None:
     for step in Step.objects.filter(run=run):
         assert step.decision_count == 1, f"step {step.number} decided {step.decision_count} times"
-    keys = list(ToolCall.objects.filter(run=run, tool="ledger_write").values_list("idempotency_key", flat=True))
+    keys = list(
+        ToolCall.objects.filter(run=run, tool="ledger_write").values_list(
+            "idempotency_key", flat=True
+        )
+    )
     assert keys
     for key in keys:
         assert LedgerEntry.objects.filter(idempotency_key=key).count() == 1
 
 
 def test_it_resumes_after_the_worker_is_killed_mid_step(start_worker):
-    run = make_run(script(
-        calls({"tool": "ledger_write", "args": {"account": "acme", "amount": 10}}),
-        calls({"tool": "sleep", "args": {"seconds": 3}},
-              {"tool": "ledger_write", "args": {"account": "acme", "amount": 20}}),
-        final("paid twice"),
-    ))
+    run = make_run(
+        script(
+            calls({"tool": "ledger_write", "args": {"account": "acme", "amount": 10}}),
+            calls(
+                {"tool": "sleep", "args": {"seconds": 3}},
+                {"tool": "ledger_write", "args": {"account": "acme", "amount": 20}},
+            ),
+            final("paid twice"),
+        )
+    )
     first = start_worker(beat=True)
-    wait_until(lambda: ToolCall.objects.filter(run=run, tool="sleep").exclude(attempts=[]).exists(),
-               what="step 2 to start sleeping")
+    wait_until(
+        lambda: ToolCall.objects.filter(run=run, tool="sleep").exclude(attempts=[]).exists(),
+        what="step 2 to start sleeping",
+    )
     first.signal(signal.SIGKILL)
     first.proc.wait(timeout=10)
 
@@ -49,11 +60,15 @@ def test_it_resumes_after_the_worker_is_killed_mid_step(start_worker):
 
 @pytest.mark.parametrize("fault", ["crash_before", "crash_after"])
 def test_a_fault_point_kills_the_worker_and_the_run_completes(start_worker, fault):
-    run = make_run(script(
-        calls({"tool": "echo", "args": {"n": 1}}),
-        calls({"tool": "ledger_write", "args": {"account": "acme", "amount": 5}, "fault": fault}),
-        final("ok"),
-    ))
+    run = make_run(
+        script(
+            calls({"tool": "echo", "args": {"n": 1}}),
+            calls(
+                {"tool": "ledger_write", "args": {"account": "acme", "amount": 5}, "fault": fault}
+            ),
+            final("ok"),
+        )
+    )
     worker = start_worker(beat=True)
     try:
         wait_until(_finished(run), timeout=40, what="the run to finish")
@@ -64,7 +79,11 @@ def test_a_fault_point_kills_the_worker_and_the_run_completes(start_worker, faul
         raise
     assert run.status == "succeeded", run.error
     # The pool process really died and was replaced.
-    assert "exited with 'exitcode 7" in worker.text() or "signal" in worker.text() or "WorkerLostError" in worker.text()
+    assert (
+        "exited with 'exitcode 7" in worker.text()
+        or "signal" in worker.text()
+        or "WorkerLostError" in worker.text()
+    )
     _assert_exactly_once(run)
     key = ToolCall.objects.get(run=run, tool="ledger_write").idempotency_key
     invocations = LedgerInvocation.objects.get(idempotency_key=key).count

@@ -13,15 +13,19 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 
 def test_a_zombie_workers_commit_is_refused_and_writes_nothing(start_worker, settings):
-    run = make_run(script(
-        calls({"tool": "echo", "args": {"n": 1}}),
-        calls({"tool": "sleep", "args": {"seconds": 2}}),
-        calls({"tool": "echo", "args": {"n": 3}}),
-        final("done"),
-    ))
+    run = make_run(
+        script(
+            calls({"tool": "echo", "args": {"n": 1}}),
+            calls({"tool": "sleep", "args": {"seconds": 2}}),
+            calls({"tool": "echo", "args": {"n": 3}}),
+            final("done"),
+        )
+    )
     zombie = start_worker()
     # The sleep call is recorded with the decision, right before it runs.
-    wait_until(lambda: ToolCall.objects.filter(run=run, tool="sleep").exists(), what="step 2 to start")
+    wait_until(
+        lambda: ToolCall.objects.filter(run=run, tool="sleep").exists(), what="step 2 to start"
+    )
     zombie.signal(signal.SIGSTOP)
     owner = None
     for _ in range(50):
@@ -34,8 +38,11 @@ def test_a_zombie_workers_commit_is_refused_and_writes_nothing(start_worker, set
 
     # Past the lease, a healthy worker (with the reconciler) takes the step over and finishes the run.
     start_worker(beat=True)
-    wait_until(lambda: run.refresh_from_db() or run.status == "succeeded", timeout=60,
-               what="the healthy worker to finish the run")
+    wait_until(
+        lambda: run.refresh_from_db() or run.status == "succeeded",
+        timeout=60,
+        what="the healthy worker to finish the run",
+    )
     step2 = Step.objects.get(run=run, number=2)
     post_hash = Snapshot.objects.get(run=run, step=2, at="post").hash
     events_before = Event.objects.filter(run=run).count()
