@@ -25,7 +25,6 @@ every untouched subtree with their input: treat snapshots as immutable
 
 from __future__ import annotations
 
-import hashlib
 import json
 from itertools import compress, count, islice, repeat
 from math import copysign
@@ -432,8 +431,10 @@ def canonical(value: Any) -> bytes:
 
 
 def state_hash(value: Any) -> str:
-    """Hex sha256 of canonical(value)."""
-    return hashlib.sha256(canonical(value)).hexdigest()
+    """The content hash of a JSON value: its Merkle hash (see agentrun.hashing)."""
+    from agentrun.hashing import digest
+
+    return digest(value)
 
 
 def json_size(value: Any) -> int:

@@ -28,7 +28,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agentrun import delta, snapshots
+from agentrun import delta, hashing, snapshots
 from agentrun.agents import Agent, AgentError, Call, CallResult, Decision, StepContext, get_agent
 from agentrun.events import record_event
 from agentrun.models import (
@@ -70,23 +70,26 @@ class Outcome:
 # --- the worker's cache of the latest state of each run ---------------------
 # Saves rebuilding a state from keyframe + deltas at every step. Validated by
 # the snapshot hash, so a stale entry is never used.
-_CACHE: OrderedDict[str, tuple[int, str, dict[str, Any]]] = OrderedDict()
+_CACHE: OrderedDict[str, tuple[int, str, dict[str, Any], hashing.Node]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 64
 
 
-def _cache_get(run_id: str, seq: int, digest: str) -> dict[str, Any] | None:
+def _cache_get(run_id: str, digest: str) -> tuple[dict[str, Any], hashing.Node] | None:
+    """The cached latest state of a run, if it has this hash (a REF's is its target's)."""
     with _CACHE_LOCK:
         hit = _CACHE.get(run_id)
-        if hit and hit[0] == seq and hit[1] == digest:
+        if hit and hit[1] == digest:
             _CACHE.move_to_end(run_id)
-            return hit[2]
+            return hit[2], hit[3]
     return None
 
 
-def _cache_put(run_id: str, seq: int, digest: str, state: dict[str, Any]) -> None:
+def _cache_put(
+    run_id: str, seq: int, digest: str, state: dict[str, Any], node: hashing.Node
+) -> None:
     with _CACHE_LOCK:
-        _CACHE[run_id] = (seq, digest, state)
+        _CACHE[run_id] = (seq, digest, state, node)
         _CACHE.move_to_end(run_id)
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
@@ -133,6 +136,7 @@ class _Ctx:
     owner: str
     pre_state: dict[str, Any]
     pre: Snapshot
+    pre_node: hashing.Node
     pending: list[ToolCall] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
 
@@ -195,44 +199,49 @@ def claim(run_id: str, number: int, owner: str) -> _Ctx | None:
             attempts=F("attempts") + 1, status=StepStatus.RUNNING
         )
         step.refresh_from_db()
-        pre, pre_state = _ensure_pre_snapshot(run, step, agent)
+        pre, pre_state, pre_node = _ensure_pre_snapshot(run, step, agent)
         if not step.phase_before:
             step.phase_before = str(pre_state.get("phase", ""))
             step.save(update_fields=["phase_before"])
-    return _Ctx(run=run, step=step, agent=agent, owner=owner, pre_state=pre_state, pre=pre)
+    return _Ctx(
+        run=run,
+        step=step,
+        agent=agent,
+        owner=owner,
+        pre_state=pre_state,
+        pre=pre,
+        pre_node=pre_node,
+    )
 
 
-def _ensure_pre_snapshot(run: Run, step: Step, agent: Agent) -> tuple[Snapshot, dict[str, Any]]:
+def _ensure_pre_snapshot(
+    run: Run, step: Step, agent: Agent
+) -> tuple[Snapshot, dict[str, Any], hashing.Node]:
     seq = Snapshot.seq_for(step.number, "pre")
     existing = Snapshot.objects.filter(run=run, seq=seq).first()
     if existing is not None:
-        return existing, _state_of(str(run.pk), existing)
+        return (existing, *_state_of(str(run.pk), existing))
     prev = Snapshot.objects.filter(run=run, seq__lt=seq).order_by("-seq").first()
     if prev is None:
         state = agent.initial_state(run.input)
-        snap = snapshots.build(run.pk, step.number, "pre", state, None, None)
+        snap, node = snapshots.build(run.pk, step.number, "pre", state, None, None)
     else:
-        state = _state_of(str(run.pk), prev)
+        state, node = _state_of(str(run.pk), prev)
         snap = snapshots.reference(run.pk, step.number, "pre", prev)
     snap.save()
-    _cache_put(str(run.pk), snap.seq, snap.hash, state)
-    return snap, state
+    _cache_put(str(run.pk), snap.seq, snap.hash, state, node)
+    return snap, state, node
 
 
-def _state_of(run_id: str, snap: Snapshot) -> dict[str, Any]:
-    cached = _cache_get(run_id, snap.seq, snap.hash)
+def _state_of(run_id: str, snap: Snapshot) -> tuple[dict[str, Any], hashing.Node]:
+    """A snapshot's state and hash tree: from this worker's cache, else rebuilt from the store."""
+    cached = _cache_get(run_id, snap.hash)
     if cached is not None:
         return cached
-    # A REF pre snapshot resolves to the post before it: same hash, same state.
-    prev_cached = None
-    if snap.kind == "ref":
-        with _CACHE_LOCK:
-            hit = _CACHE.get(run_id)
-        if hit and hit[1] == snap.hash:
-            prev_cached = hit[2]
-    state = prev_cached if prev_cached is not None else snapshots.load_state(snap)
-    _cache_put(run_id, snap.seq, snap.hash, state)
-    return state
+    state = snapshots.load_state(snap)
+    node = hashing.build(state)
+    _cache_put(run_id, snap.seq, snap.hash, state, node)
+    return state, node
 
 
 def _guarded(ctx: _Ctx, **changes: Any) -> None:
@@ -773,8 +782,15 @@ def _write_post(
 ) -> Outcome:
     now = timezone.now()
     number = ctx.step.number
-    snap = snapshots.build(
-        ctx.run.pk, number, "post", post_state, ctx.pre, ctx.pre_state, outcome=step_status
+    snap, node = snapshots.build(
+        ctx.run.pk,
+        number,
+        "post",
+        post_state,
+        ctx.pre,
+        ctx.pre_state,
+        prev_node=ctx.pre_node,
+        outcome=step_status,
     )
     terminal = run_status != RunStatus.RUNNING
     llm = (decision.llm if decision else None) or {}
@@ -831,7 +847,7 @@ def _write_post(
                 enqueue(ctx.run.pk, number + 1)
     except (LeaseLost, IntegrityError) as exc:
         raise LeaseLost(str(exc)) from exc
-    _cache_put(str(ctx.run.pk), snap.seq, snap.hash, post_state)
+    _cache_put(str(ctx.run.pk), snap.seq, snap.hash, post_state, node)
     status = "failed" if failure else ("finished" if terminal else "committed")
     return Outcome(status, str(ctx.run.pk), number)
 

@@ -246,7 +246,7 @@ def fork_run(
             next_step=first,
             phase=str(phase or ""),
         )
-        snapshots.build(fork.pk, first, "pre", new_state, None, None).save()
+        snapshots.build(fork.pk, first, "pre", new_state, None, None)[0].save()
         record_event(
             "run_forked",
             run=fork,

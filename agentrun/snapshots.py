@@ -13,12 +13,11 @@ deltas; total storage stays within a small multiple of what changed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun import delta
+from agentrun import delta, hashing
 from agentrun.models import Snapshot, SnapshotKind
 
 
@@ -26,30 +25,41 @@ from agentrun.models import Snapshot, SnapshotKind
 class Encoded:
     kind: str
     data: Any
-    hash: str
-    size: int
+    node: hashing.Node
     stored_bytes: int
     chain_bytes: int
     keyframe_seq: int
 
 
+def _json_bytes(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
 def encode(
-    state: dict[str, Any], seq: int, prev: Snapshot | None, prev_state: Any | None
+    state: dict[str, Any],
+    seq: int,
+    prev: Snapshot | None,
+    prev_state: Any | None,
+    prev_node: hashing.Node | None = None,
 ) -> Encoded:
-    """Decide how to store `state` at position `seq` after `prev`."""
-    blob = delta.canonical(state)
-    digest = hashlib.sha256(blob).hexdigest()
-    size = len(blob)
+    """Decide how to store `state` at position `seq` after `prev`.
+
+    With the previous state's hash tree (`prev_node`), hash and size come from
+    the delta alone; without it the whole state is hashed once.
+    """
     if prev is None or prev_state is None:
-        return Encoded(SnapshotKind.FULL, state, digest, size, size, 0, seq)
-    if digest == prev.hash:
-        return Encoded(SnapshotKind.REF, None, digest, size, 0, prev.chain_bytes, prev.keyframe_seq)
+        node = hashing.build(state)
+        return Encoded(SnapshotKind.FULL, state, node, node.size, 0, seq)
     ops = delta.diff(prev_state, state)
-    ops_bytes = len(json.dumps(ops, separators=(",", ":"), ensure_ascii=False).encode())
+    if not ops:
+        node = prev_node or hashing.build(state)
+        return Encoded(SnapshotKind.REF, None, node, 0, prev.chain_bytes, prev.keyframe_seq)
+    node = hashing.apply(prev_node, ops) if prev_node is not None else hashing.build(state)
+    ops_bytes = _json_bytes(ops)
     chain = prev.chain_bytes + ops_bytes
-    if chain > size:
-        return Encoded(SnapshotKind.FULL, state, digest, size, size, 0, seq)
-    return Encoded(SnapshotKind.DELTA, ops, digest, size, ops_bytes, chain, prev.keyframe_seq)
+    if chain > node.size:
+        return Encoded(SnapshotKind.FULL, state, node, node.size, 0, seq)
+    return Encoded(SnapshotKind.DELTA, ops, node, ops_bytes, chain, prev.keyframe_seq)
 
 
 def build(
@@ -60,13 +70,13 @@ def build(
     prev: Snapshot | None,
     prev_state: Any | None,
     *,
+    prev_node: hashing.Node | None = None,
     outcome: str = "",
-    keyframe: bool = False,
-) -> Snapshot:
-    """An unsaved Snapshot of `state`; the caller saves it inside its commit."""
+) -> tuple[Snapshot, hashing.Node]:
+    """An unsaved Snapshot of `state` (the caller saves it inside its commit) and its hash tree."""
     seq = Snapshot.seq_for(step, at)
-    enc = encode(state, seq, None if keyframe else prev, prev_state)
-    return Snapshot(
+    enc = encode(state, seq, prev, prev_state, prev_node)
+    snapshot = Snapshot(
         run_id=run_id,
         step=step,
         at=at,
@@ -74,13 +84,14 @@ def build(
         kind=enc.kind,
         data=enc.data,
         keyframe_seq=enc.keyframe_seq,
-        hash=enc.hash,
-        size=enc.size,
+        hash=enc.node.hex,
+        size=enc.node.size,
         stored_bytes=enc.stored_bytes,
         chain_bytes=enc.chain_bytes,
         phase=str(state.get("phase", "")) if isinstance(state, dict) else "",
         outcome=outcome,
     )
+    return snapshot, enc.node
 
 
 def reference(run_id: Any, step: int, at: str, prev: Snapshot) -> Snapshot:
