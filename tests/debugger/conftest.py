@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from tests.base import PASSWORD, make_people
+
+
+@pytest.fixture
+def people(db):
+    return make_people()
+
+
+@pytest.fixture
+def client_for(people):
+    """client_for("operator") → a test client logged in as Olga (viewer Victor, admin Ada, outsider Oscar)."""
+
+    def make(who: str | None) -> Client:
+        client = Client()
+        if who is not None:
+            assert client.login(username=people[who].username, password=PASSWORD)
+        return client
+
+    return make
+
+
+HX = {"HTTP_HX_REQUEST": "true"}
+
+
+def hx(target: str) -> dict[str, str]:
+    """Headers of an htmx request aimed at the element with this id."""
+    return {**HX, "HTTP_HX_TARGET": target}
