@@ -268,11 +268,13 @@ class StateAgent(Agent):
 
 
 def _as_text(value: Any) -> str:
+    """JSON text with sorted keys: the database may hand back objects in another key
+    order (jsonb does), and a retried or replayed step must build the same state."""
     import json
 
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False, default=str)
+    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
 
 
 AGENTS: dict[str, Agent] = {}

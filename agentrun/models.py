@@ -7,6 +7,7 @@ Status changes that race (claim, commit, cancel) are conditional UPDATEs:
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import uuid
 from datetime import datetime, timedelta
@@ -185,6 +186,27 @@ class Step(models.Model):
         return (self.decision or {}).get("rationale", "")
 
 
+class JSONText(models.TextField):
+    """JSON stored as text, read back exactly as written.
+
+    jsonb would rewrite numbers (1e16 comes back as an int, -0.0 as 0) and
+    parse every keyframe on insert; snapshots must round-trip exactly.
+    """
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        return None if value is None else json.loads(value)
+
+    def get_prep_value(self, value: Any) -> Any:
+        if value is None:
+            return None
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        try:
+            text.encode()
+        except UnicodeEncodeError:  # a lone surrogate: keep it as a \u escape
+            text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+        return text
+
+
 class SnapshotKind(models.TextChoices):
     FULL = "full"  # a keyframe: the whole state
     DELTA = "delta"  # ops against the previous snapshot of the run
@@ -205,7 +227,7 @@ class Snapshot(models.Model):
     # Position in the run: 2*step for pre, 2*step+1 for post.
     seq = models.IntegerField()
     kind = models.CharField(max_length=8, choices=SnapshotKind.choices)
-    data = models.JSONField(null=True, blank=True)
+    data = JSONText(null=True, blank=True)
     keyframe_seq = models.IntegerField()
     hash = models.CharField(max_length=64)
     size = models.IntegerField(help_text="bytes of the whole state as compact JSON")
