@@ -53,14 +53,17 @@ TOKEN_TOUCH_EVERY = timedelta(minutes=1)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, detail: str):
+    """An error answer: `detail`, plus `extra` members of the JSON body (e.g. `field`)."""
+
+    def __init__(self, status: int, detail: str, **extra: Any):
         super().__init__(detail)
         self.status = status
         self.detail = detail
+        self.extra = extra
 
 
-def _error(status: int, detail: str) -> JsonResponse:
-    response = JsonResponse({"detail": detail}, status=status)
+def _error(status: int, detail: str, extra: dict[str, Any] | None = None) -> JsonResponse:
+    response = JsonResponse({"detail": detail, **(extra or {})}, status=status)
     if status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="agentrun"'
     return response
@@ -150,7 +153,7 @@ def api_view(*methods: str) -> Callable[[View], View]:
                 _authorize(request)
                 return view(request, **kwargs)
             except ApiError as exc:
-                return _error(exc.status, exc.detail)
+                return _error(exc.status, exc.detail, exc.extra)
             except RequestDataTooBig:
                 limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
                 return _error(413, f"request body too large: the limit is {limit} bytes")
@@ -229,11 +232,31 @@ def parse_json(raw: str | bytes) -> Any:
     return value
 
 
-_TYPE_NAMES: dict[type, str] = {str: "a string", dict: "a JSON object"}
+_TYPE_NAMES: dict[type, str] = {
+    str: "a string",
+    dict: "a JSON object",
+    int: "an integer",
+    bool: "true or false",
+    type(None): "null",
+}
+
+Kind = type | tuple[type, ...]
 
 
-def _body(request: HttpRequest, fields: dict[str, type]) -> dict[str, Any]:
-    """The JSON object in the body, with only `fields`, each of the given type."""
+def _is_a(value: Any, kind: Kind) -> bool:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool):  # JSON true is no integer, though Python's bool is an int
+        return bool in kinds
+    return isinstance(value, kinds)
+
+
+def _type_name(kind: Kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(_TYPE_NAMES[k] for k in kinds)
+
+
+def _body(request: HttpRequest, fields: dict[str, Kind]) -> dict[str, Any]:
+    """The JSON object in the body, with only `fields`, each of the given type(s)."""
     raw = request.body  # raises RequestDataTooBig past DATA_UPLOAD_MAX_MEMORY_SIZE
     try:
         body = parse_json(raw) if raw.strip() else {}
@@ -247,8 +270,8 @@ def _body(request: HttpRequest, fields: dict[str, type]) -> dict[str, Any]:
             400, f"unknown field(s): {', '.join(unknown)} (expected: {', '.join(fields)})"
         )
     for name, kind in fields.items():
-        if name in body and not isinstance(body[name], kind):
-            raise ApiError(400, f"{name} must be {_TYPE_NAMES[kind]}")
+        if name in body and not _is_a(body[name], kind):
+            raise ApiError(400, f"{name} must be {_type_name(kind)}", field=name)
     return body
 
 
@@ -289,6 +312,8 @@ def summary_json(run: Run) -> dict[str, Any]:
         "parent_id": str(run.parent_id) if run.parent_id else None,
         "forked_from": {"step": snap.step, "at": snap.at} if snap else None,
         "mode": run.mode,
+        "divergence_step": run.divergence_step,
+        "first_step": run.first_step,
         "created_by": run.created_by.get_username() if run.created_by else None,
         "created_at": run.created_at,
         "started_at": run.started_at,
@@ -428,6 +453,109 @@ def run_approve(request: HttpRequest, run_id: str) -> HttpResponse:
     except services.ActionError as exc:
         raise ApiError(409, str(exc)) from None
     return JsonResponse(detail_json(_get_run(run_id)))
+
+
+# --- forks ------------------------------------------------------------------------------
+
+#: A fork point beyond this is out of range (snapshot positions are 32-bit integers).
+MAX_STEP = 10**9
+FORK_FIELDS: dict[str, Kind] = {
+    "step": int,
+    "at": str,
+    "state": (dict, type(None)),
+    "mode": str,
+    "reason": str,
+    "confirm_live": bool,
+}
+
+
+def _side_effect(tc: ToolCall) -> dict[str, Any]:
+    return {
+        "step": tc.step.number,
+        "index": tc.index,
+        "tool": tc.tool,
+        "kind": tc.kind,
+        "status": tc.status,
+        "args": tc.args,
+        "idempotency_key": tc.idempotency_key,
+        "compensation": tc.compensation,
+    }
+
+
+def _check_step(step: int) -> None:
+    if not -MAX_STEP <= step <= MAX_STEP:
+        raise ApiError(
+            400, f"step {step} is out of range: no run has that many steps", field="step"
+        )
+
+
+@api_view("POST")
+def run_fork(request: HttpRequest, run_id: str) -> HttpResponse:
+    """Start a new run from a snapshot of this one (DESIGN section 6, replay modes)."""
+    run = _get_run(run_id)
+    body = _body(request, FORK_FIELDS)
+    if "step" not in body:
+        raise ApiError(400, "step is required: the step whose snapshot to fork from", field="step")
+    _check_step(body["step"])
+    at = body.get("at", "pre")
+    try:
+        fork = services.fork_run(
+            run,
+            step=body["step"],
+            at=at,
+            state=body.get("state"),
+            mode=body.get("mode", "sandbox"),
+            reason=body.get("reason", ""),
+            user=request.user,
+            confirm_live=body.get("confirm_live", False),
+        )
+    except services.ForkError as exc:
+        if exc.field != "confirm_live":
+            raise ApiError(400, str(exc), field=exc.field) from None
+        effects = services.side_effects_after(run, body["step"], at)
+        raise ApiError(
+            400,
+            f"{exc}: send confirm_live: true to run the parent's {len(effects)} write/hybrid "
+            "call(s) after this point again, with the fork's own idempotency keys "
+            "(listed in side_effects)",
+            field="confirm_live",
+            side_effects=[_side_effect(tc) for tc in effects],
+        ) from None
+    except InvalidInput as exc:  # the parent's agent is not registered in this deployment
+        raise ApiError(409, f"can't fork this run: {exc}") from None
+    response = JsonResponse(detail_json(_get_run(str(fork.pk))), status=201)
+    response["Location"] = f"/api/runs/{fork.pk}"
+    return response
+
+
+@api_view("GET")
+def run_side_effects(request: HttpRequest, run_id: str) -> HttpResponse:
+    """The parent's write/hybrid calls a live fork from (step, at) would run again."""
+    run = _get_run(run_id)
+    if _text_param(request, "step") == "":
+        raise ApiError(
+            400,
+            "the step parameter is required: side-effects?step=<n>&at=pre|post",
+            field="step",
+        )
+    step = _int_param(request, "step", 0, -MAX_STEP, MAX_STEP)
+    at = _text_param(request, "at") or "pre"
+    if at not in ("pre", "post"):
+        raise ApiError(400, f'at must be "pre" or "post", not {at!r}', field="at")
+    if not Snapshot.objects.filter(run=run, seq=Snapshot.seq_for(step, at)).exists():
+        last = run.steps.order_by("-number").values_list("number", flat=True).first()
+        known = f"steps {run.first_step}..{last}" if last else "no steps yet"
+        raise ApiError(400, f"run has no {at} snapshot of step {step} ({known})", field="step")
+    effects = services.side_effects_after(run, step, at)
+    return JsonResponse(
+        {
+            "run_id": str(run.pk),
+            "step": step,
+            "at": at,
+            "confirm_live_required": bool(effects),
+            "side_effects": [_side_effect(tc) for tc in effects],
+        }
+    )
 
 
 @api_view("GET")

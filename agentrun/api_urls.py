@@ -11,6 +11,8 @@ urlpatterns = [
     path("runs/<str:run_id>/snapshots/<str:step>/<str:at>", api.run_snapshot, name="snapshot"),
     path("runs/<str:run_id>/cancel", api.run_cancel, name="cancel"),
     path("runs/<str:run_id>/approve", api.run_approve, name="approve"),
+    path("runs/<str:run_id>/fork", api.run_fork, name="fork"),
+    path("runs/<str:run_id>/side-effects", api.run_side_effects, name="side_effects"),
     path("ledger", api.ledger, name="ledger"),
     path("openapi.json", api.openapi_json, name="openapi"),
 ]

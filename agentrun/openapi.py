@@ -22,7 +22,8 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*codes: int) -> dict[str, Any]:
     reasons = {
-        400: "Invalid input; `detail` names the problem. Nothing was stored.",
+        400: "Invalid input; `detail` names the problem (and `field` the input, where one is "
+        "to blame). Nothing was stored.",
         401: "No credentials, or an invalid token.",
         403: "No role, not an operator, or a failed CSRF check (session POSTs).",
         404: "No such run or snapshot (an invalid UUID is not found either).",
@@ -66,7 +67,90 @@ SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
         "required": ["detail"],
-        "properties": {"detail": {"type": "string"}},
+        "properties": {
+            "detail": {"type": "string"},
+            "field": {
+                "type": "string",
+                "description": "The request member at fault, when there is one (e.g. `step`).",
+            },
+        },
+    },
+    "ForkError": {
+        "allOf": [
+            _ref("Error"),
+            {
+                "type": "object",
+                "properties": {
+                    "side_effects": {
+                        "type": "array",
+                        "items": _ref("SideEffect"),
+                        "description": "With `field` confirm_live: the parent's write/hybrid "
+                        "calls that a live fork would run again.",
+                    }
+                },
+            },
+        ]
+    },
+    "Fork": {
+        "type": "object",
+        "required": ["step"],
+        "additionalProperties": False,
+        "properties": {
+            "step": {"type": "integer", "description": "The step whose snapshot to fork from."},
+            "at": {
+                "enum": ["pre", "post"],
+                "default": "pre",
+                "description": "Before the step (the fork redoes it) or after it (the fork "
+                "starts at the next step).",
+            },
+            "state": {
+                "type": ["object", "null"],
+                "default": None,
+                "description": "The whole agent state to start from, edited; null: the "
+                "snapshot's own. Validated by the agent.",
+            },
+            "mode": {
+                "enum": ["sandbox", "recorded", "live"],
+                "default": "sandbox",
+                "description": "sandbox: LLM and read tools run, write/hybrid tools are "
+                "skipped. recorded: the parent's decisions and results are reused until the "
+                "state diverges, then sandbox. live: everything runs for real with the fork's "
+                "own idempotency keys.",
+            },
+            "reason": {"type": "string", "description": "Why; recorded in the audit trail."},
+            "confirm_live": {
+                "type": "boolean",
+                "default": False,
+                "description": "Required for a live fork when the parent made write/hybrid "
+                "calls after the fork point (see side-effects).",
+            },
+        },
+    },
+    "SideEffect": {
+        "type": "object",
+        "properties": {
+            "step": {"type": "integer"},
+            "index": {"type": "integer"},
+            "tool": {"type": "string"},
+            "kind": {"enum": ["write", "hybrid"]},
+            "status": {"type": "string", "description": "The parent's call's status."},
+            "args": {"type": "object"},
+            "idempotency_key": {"type": "string", "description": "The parent's key."},
+            "compensation": {"type": ["object", "null"]},
+        },
+    },
+    "SideEffects": {
+        "type": "object",
+        "properties": {
+            "run_id": {"type": "string", "format": "uuid"},
+            "step": {"type": "integer"},
+            "at": {"enum": ["pre", "post"]},
+            "confirm_live_required": {
+                "type": "boolean",
+                "description": "Whether a live fork from here needs confirm_live.",
+            },
+            "side_effects": {"type": "array", "items": _ref("SideEffect")},
+        },
     },
     "CreateRun": {
         "type": "object",
@@ -120,7 +204,20 @@ SCHEMAS: dict[str, Any] = {
                     },
                 ]
             },
-            "mode": {"enum": ["", "sandbox", "recorded", "live"]},
+            "mode": {
+                "enum": ["", "sandbox", "recorded", "live"],
+                "description": "A fork's replay mode; empty for a run that is no fork.",
+            },
+            "divergence_step": {
+                "type": ["integer", "null"],
+                "description": "A recorded fork: the first step whose state differed from "
+                "the parent's (from there on it ran in sandbox mode).",
+            },
+            "first_step": {
+                "type": "integer",
+                "description": "1, or for a fork the step it started at: steps are numbered "
+                "on from the fork point.",
+            },
             "created_by": {"type": ["string", "null"], "description": "A username."},
             "created_at": {"type": "string", "format": "date-time"},
             "started_at": NULLABLE_TIME,
@@ -311,6 +408,43 @@ PATHS: dict[str, Any] = {
             "responses": {
                 "200": _json(_ref("RunDetail"), "The run, queued again."),
                 **_errors(400, 401, 403, 404, 409, 413),
+            },
+        }
+    },
+    "/api/runs/{run_id}/fork": {
+        "post": {
+            "operationId": "forkRun",
+            "summary": "Start a new run from a snapshot of this one, optionally with an edited "
+            "state (operators); the parent never changes",
+            "parameters": [RUN_ID],
+            "requestBody": _body("Fork"),
+            "responses": {
+                "201": _json(_ref("RunDetail"), "The fork, queued."),
+                "400": _json(
+                    _ref("ForkError"),
+                    "Invalid input; `detail` names the problem and `field` the member. For a "
+                    "live fork without confirm_live, `side_effects` lists the parent's calls "
+                    "that would run again. Nothing was stored.",
+                ),
+                **_errors(401, 403, 404, 409, 413),
+            },
+        }
+    },
+    "/api/runs/{run_id}/side-effects": {
+        "get": {
+            "operationId": "getSideEffects",
+            "summary": "The parent's write/hybrid calls a live fork from a snapshot would run "
+            "again (show them before confirming)",
+            "parameters": [
+                RUN_ID,
+                _query("step", "The fork point's step.", {"type": "integer"}, required=True),
+                _query(
+                    "at", "Before or after the step.", {"enum": ["pre", "post"], "default": "pre"}
+                ),
+            ],
+            "responses": {
+                "200": _json(_ref("SideEffects"), "The calls, in step order."),
+                **_errors(400, 401, 403, 404),
             },
         }
     },
