@@ -5,14 +5,17 @@ that really dies mid-step and a lease that must expire. The database is
 committed for real (transaction=True) because that child reads and writes it.
 """
 
+import json
 from io import StringIO
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from agentrun.management.commands.demo import STORIES
+from agentrun import snapshots
+from agentrun.management.commands.demo import FIX_REASON, STORIES
 from agentrun.models import (
+    Event,
     LedgerEntry,
     LedgerInvocation,
     Reservation,
@@ -43,7 +46,8 @@ def test_the_demo_is_idempotent_and_its_runs_end_as_their_stories_say(settings):
     runs, users = Run.objects.count(), get_user_model().objects.count()
     second = demo()
 
-    assert Run.objects.count() == runs == len(STORIES)
+    # Every story, plus the operator's fix for the incident (a fork).
+    assert Run.objects.count() == runs == len(STORIES) + 1
     assert get_user_model().objects.count() == users
     assert " new " in first and " new " not in second
     for name in ("admin", "operator", "viewer"):
@@ -65,6 +69,7 @@ def test_the_demo_is_idempotent_and_its_runs_end_as_their_stories_say(settings):
     for run in Run.objects.all():
         assert str(run.pk) in second
     assert_the_stories_show_what_they_claim()
+    assert_the_incident_is_fixed_by_a_fork()
 
 
 def assert_the_stories_show_what_they_claim() -> None:
@@ -98,3 +103,27 @@ def assert_the_stories_show_what_they_claim() -> None:
     assert all(Reservation.objects.filter(run=declined).values_list("released", flat=True))
 
     assert story_run("scripted-12").steps_done == 12
+
+
+def assert_the_incident_is_fixed_by_a_fork() -> None:
+    incident = story_run("incident")
+    fix = Run.objects.get(parent=incident)
+    assert (fix.mode, fix.status, fix.first_step) == ("sandbox", "succeeded", 3)
+    assert (fix.forked_from.step, fix.forked_from.at) == (3, "pre")
+    forked = Event.objects.get(run=fix, kind="run_forked")
+    assert (forked.actor, forked.reason) == ("operator", FIX_REASON)
+    assert [path for _, path, *_ in forked.payload["edits"]] == [["memory", "notes", "cart"]]
+    # It recommends for the tent, which is really in the cart, not for the removed stove.
+    assert Step.objects.get(run=fix, number=3).decision["calls"][0]["args"] == {"skus": ["TENT-2P"]}
+    notes = snapshots.load(fix.pk, 3, "post")["memory"]["notes"]
+    assert json.loads(notes["recommendation"])["for_sku"] == "TENT-2P"
+    assert Step.objects.get(run=fix, number=4).thought.startswith(
+        "Recommending Aluminium tent stakes, pack of 8 (STAKES-AL) "
+        "because the cart has Two-person tent (TENT-2P)."
+    )
+    assert "STOVE-1" not in fix.final_answer and "tent stakes" in fix.final_answer
+    # Sandbox: nothing was reserved, charged, ordered or e-mailed for the fix.
+    calls = ToolCall.objects.filter(run=fix, kind__in=("write", "hybrid"))
+    assert calls.exists() and set(calls.values_list("status", flat=True)) == {"skipped"}
+    assert not Reservation.objects.filter(run=fix).exists()
+    assert not LedgerEntry.objects.filter(run=fix).exists()

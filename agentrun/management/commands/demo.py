@@ -2,7 +2,9 @@
 
 Idempotent: missing users are created, and a demo run that exists already
 (found by its label) is not created again, only driven on if it was left
-unfinished. Runs are driven in this process with `engine.execute_step`, so no
+unfinished. After the incident story comes the operator's fix: a sandbox fork
+of the incident run at the pre snapshot of the recommendation step, with the
+cart in the agent's memory corrected (found again by its parent and mode). Runs are driven in this process with `engine.execute_step`, so no
 worker is needed; the worker-crash story runs its crashing step in a child
 process, which really dies (os._exit), and resumes here once its lease expires.
 """
@@ -24,8 +26,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.utils import timezone
 
-from agentrun import engine, services
-from agentrun.builtin.shop import STAGE_STEPS
+from agentrun import engine, services, snapshots
+from agentrun.builtin.shop import STAGE_STEPS, cart_as_of, read_note, write_note
 from agentrun.models import TERMINAL_STATUSES, LedgerEntry, Run, RunStatus, ToolCall, WaitReason
 from agentrun.roles import create_user, role_of
 
@@ -55,6 +57,40 @@ class Story:
         else:  # the scripted agent accepts no extra keys: its label is in the goal
             runs = runs.filter(input__goal=self.input["goal"])
         return runs.order_by("created_at").first()
+
+
+@dataclass
+class Row:
+    """A line of the closing table."""
+
+    run: Run
+    label: str
+    title: str
+    expect: str
+    created: bool
+
+
+#: The operator's fix for the incident story.
+FIX_LABEL = "incident-fix"
+FIX_OF = "incident"
+FIX_STEP = STAGE_STEPS["recommend"]
+FIX_MODE = "sandbox"
+FIX_REASON = "cart change never reached the agent's context"
+FIX_TITLE = f"Fix: incident forked at step {FIX_STEP} (pre), cart corrected; sandbox"
+
+
+def find_fix(incident: Run) -> Run | None:
+    return Run.objects.filter(parent=incident, mode=FIX_MODE).order_by("created_at").first()
+
+
+def corrected_state(run: Run, step: int) -> dict[str, Any]:
+    """The pre state of `step` with memory.notes.cart as the user's cart really was then."""
+    state = snapshots.load(run.pk, step, "pre")
+    notes = state["memory"]["notes"]
+    still_there = {line["sku"] for line in cart_as_of(run.input, step)}
+    remembered = read_note(notes, "cart", [])
+    write_note(notes, "cart", [line for line in remembered if line.get("sku") in still_there])
+    return state
 
 
 def shop(label: str, user: str, **world: Any) -> dict[str, Any]:
@@ -170,13 +206,17 @@ class Command(BaseCommand):
         # the next step would make the stories (the crash above all) nondeterministic.
         enqueue = settings.AGENTRUN_ENQUEUE
         settings.AGENTRUN_ENQUEUE = False
+        rows: list[Row] = []
         try:
-            rows = [self._play(story, operator) for story in STORIES]
+            for story in STORIES:
+                rows.append(self._play(story, operator))
+                if story.label == FIX_OF:
+                    rows.append(self._fix(rows[-1].run, operator))
         finally:
             settings.AGENTRUN_ENQUEUE = enqueue
         self._table(rows)
 
-    def _play(self, story: Story, operator: Any) -> tuple[Run, Story, bool]:
+    def _play(self, story: Story, operator: Any) -> Row:
         run = story.find()
         created = run is None
         if run is None:
@@ -186,7 +226,27 @@ class Command(BaseCommand):
         )
         if story.crash_step is not None:
             self._check_exactly_once(run, story.label)
-        return run, story, created
+        return Row(run, story.label, story.title, story.expect, created)
+
+    def _fix(self, incident: Run, operator: Any) -> Row:
+        """The operator's fix: replay the incident from step 3 with the cart corrected."""
+        fork = find_fix(incident)
+        created = fork is None
+        if fork is None:
+            try:
+                fork = services.fork_run(
+                    incident,
+                    step=FIX_STEP,
+                    at="pre",
+                    state=corrected_state(incident, FIX_STEP),
+                    mode=FIX_MODE,
+                    reason=FIX_REASON,
+                    user=operator,
+                )
+            except services.ForkError as exc:
+                raise CommandError(f"{FIX_LABEL}: can't fork the incident run: {exc}") from None
+        fork = advance(fork, operator, out=self.stdout)
+        return Row(fork, FIX_LABEL, FIX_TITLE, "succeeded", created)
 
     def _check_exactly_once(self, run: Run, label: str) -> None:
         keys = ToolCall.objects.filter(run=run, kind="write").values_list(
@@ -198,21 +258,22 @@ class Command(BaseCommand):
             raise CommandError(f"{label}: ledger rows per key {rows}; expected exactly one")
         self.stdout.write(f"  {label}: {len(rows)} ledger keys, exactly one row each")
 
-    def _table(self, rows: list[tuple[Run, Story, bool]]) -> None:
+    def _table(self, rows: list[Row]) -> None:
         self.stdout.write("")
         self.stdout.write(
             f"{'run id':36}  {'story':18}  {'status':18}  {'steps':>5}  {'':3}  what it shows"
         )
-        for run, story, created in rows:
+        for row in rows:
+            run = row.run
             status = run.status + (f" ({run.wait_reason})" if run.wait_reason else "")
             self.stdout.write(
-                f"{run.pk!s:36}  {story.label:18}  {status:18}  {run.steps_done:>5}  "
-                f"{'new' if created else '   '}  {story.title}"
+                f"{run.pk!s:36}  {row.label:18}  {status:18}  {run.steps_done:>5}  "
+                f"{'new' if row.created else '   '}  {row.title}"
             )
         # An operator may have acted on a demo run since (approved the paused one...).
-        for run, story, _ in rows:
-            if run.status != story.expect:
-                self.stdout.write(f"note: {story.label} is {run.status}, not {story.expect}")
+        for row in rows:
+            if row.run.status != row.expect:
+                self.stdout.write(f"note: {row.label} is {row.run.status}, not {row.expect}")
 
 
 def demo_user(name: str, role: str) -> Any:
