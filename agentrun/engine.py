@@ -24,8 +24,9 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agentrun import delta, hashing, snapshots
@@ -137,6 +138,7 @@ class _Ctx:
     pre_state: dict[str, Any]
     pre: Snapshot
     pre_node: hashing.Node
+    calls: list[ToolCall] | None = None  # the step's tool calls, when this attempt created them
     pending: list[ToolCall] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
 
@@ -161,10 +163,9 @@ def execute_step(run_id: Any, number: int, owner: str | None = None) -> Outcome:
 def claim(run_id: str, number: int, owner: str) -> _Ctx | None:
     """Take the lease on (run, step) and make sure its pre snapshot exists."""
     now = timezone.now()
-    from django.db.models import Q
-
     due = Q(status__in=CLAIMABLE) | Q(status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF)
     with transaction.atomic():
+        _relax_commit()
         claimed = (
             Run.objects.filter(pk=run_id, next_step=number)
             .filter(due)
@@ -176,33 +177,17 @@ def claim(run_id: str, number: int, owner: str) -> _Ctx | None:
                 wake_at=None,
                 lease_owner=owner,
                 lease_expires_at=now + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS),
+                started_at=Coalesce(F("started_at"), Value(now)),
                 updated_at=now,
             )
         )
         if claimed != 1:
-            log.info(
-                "step %s of %s not claimable: %s",
-                number,
-                run_id,
-                Run.objects.filter(pk=run_id)
-                .values("status", "next_step", "lease_expires_at", "wake_at")
-                .first(),
-            )
+            log.debug("step %s of %s is not claimable now", number, run_id)
             return None
         run = Run.objects.get(pk=run_id)
-        if run.started_at is None:
-            run.started_at = now
-            run.save(update_fields=["started_at"])
         agent = get_agent(run.agent)
-        step, _ = Step.objects.get_or_create(run=run, number=number)
-        Step.objects.filter(pk=step.pk).update(
-            attempts=F("attempts") + 1, status=StepStatus.RUNNING
-        )
-        step.refresh_from_db()
-        pre, pre_state, pre_node = _ensure_pre_snapshot(run, step, agent)
-        if not step.phase_before:
-            step.phase_before = str(pre_state.get("phase", ""))
-            step.save(update_fields=["phase_before"])
+        pre, pre_state, pre_node = _ensure_pre_snapshot(run, number, agent)
+        step = _upsert_step(run, number, str(pre_state.get("phase", "")), now)
     return _Ctx(
         run=run,
         step=step,
@@ -214,20 +199,47 @@ def claim(run_id: str, number: int, owner: str) -> _Ctx | None:
     )
 
 
+def _relax_commit() -> None:
+    """Make the current (claim) transaction's commit asynchronous on PostgreSQL.
+
+    Losing a claim in a database crash costs nothing: the lease is taken
+    again. Every later synchronous commit (the decision, the step) flushes the
+    WAL up to and including it, so nothing durable ever depends on a lost claim.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+
+
+_STEP_UPSERT = """
+INSERT INTO agentrun_step (run_id, number, status, attempts, phase_before, phase_after,
+    decision_count, tokens_in, tokens_out, started_at)
+VALUES (%s, %s, 'running', 1, %s, '', 0, 0, 0, %s)
+ON CONFLICT (run_id, number) DO UPDATE SET attempts = agentrun_step.attempts + 1, status = 'running'
+RETURNING *
+"""
+
+
+def _upsert_step(run: Run, number: int, phase_before: str, now: Any) -> Step:
+    """Create the step, or count one more attempt at it: one statement."""
+    run_id = run.pk.hex if connection.vendor == "sqlite" else run.pk
+    return list(Step.objects.raw(_STEP_UPSERT, [run_id, number, phase_before, now]))[0]
+
+
 def _ensure_pre_snapshot(
-    run: Run, step: Step, agent: Agent
+    run: Run, number: int, agent: Agent
 ) -> tuple[Snapshot, dict[str, Any], hashing.Node]:
-    seq = Snapshot.seq_for(step.number, "pre")
-    existing = Snapshot.objects.filter(run=run, seq=seq).first()
-    if existing is not None:
-        return (existing, *_state_of(str(run.pk), existing))
-    prev = Snapshot.objects.filter(run=run, seq__lt=seq).order_by("-seq").first()
-    if prev is None:
+    seq = Snapshot.seq_for(number, "pre")
+    # Without data: a keyframe's state is only read when this worker hasn't cached it.
+    latest = Snapshot.objects.filter(run=run, seq__lte=seq).defer("data").order_by("-seq").first()
+    if latest is not None and latest.seq == seq:
+        return (latest, *_state_of(str(run.pk), latest))
+    if latest is None:
         state = agent.initial_state(run.input)
-        snap, node = snapshots.build(run.pk, step.number, "pre", state, None, None)
+        snap, node = snapshots.build(run.pk, number, "pre", state, None, None)
     else:
-        state, node = _state_of(str(run.pk), prev)
-        snap = snapshots.reference(run.pk, step.number, "pre", prev)
+        state, node = _state_of(str(run.pk), latest)
+        snap = snapshots.reference(run.pk, number, "pre", latest)
     snap.save()
     _cache_put(str(run.pk), snap.seq, snap.hash, state, node)
     return snap, state, node
@@ -265,7 +277,11 @@ def _run_claimed(ctx: _Ctx) -> Outcome:
     decision = _decide(ctx)
     if isinstance(decision, Outcome):
         return decision
-    calls = list(ToolCall.objects.filter(step=ctx.step).order_by("index"))
+    calls = (
+        ctx.calls
+        if ctx.calls is not None
+        else list(ToolCall.objects.filter(step=ctx.step).order_by("index"))
+    )
     results: list[CallResult] = []
     for call, tc in zip(decision.calls, calls, strict=True):
         outcome = _act(ctx, call, tc)
@@ -320,7 +336,7 @@ def _decide(ctx: _Ctx) -> Decision | Outcome:
             tokens_out=llm.get("tokens_out", 0),
             llm_latency_ms=llm.get("latency_ms", latency),
         )
-        ToolCall.objects.bulk_create(
+        ctx.calls = ToolCall.objects.bulk_create(
             [_planned_call(ctx, i, call) for i, call in enumerate(decision.calls)]
         )
     # Work on exactly what was stored, as a retry would.
@@ -359,7 +375,7 @@ def _replay_decision(ctx: _Ctx) -> Decision | None:
     with transaction.atomic():
         _guarded(ctx)
         Step.objects.filter(pk=ctx.step.pk).update(decision=stored, decided_at=timezone.now())
-        ToolCall.objects.bulk_create(
+        ctx.calls = ToolCall.objects.bulk_create(
             [_planned_call(ctx, i, call) for i, call in enumerate(decision.calls)]
         )
     return decision
