@@ -296,7 +296,7 @@ def _run_claimed(ctx: _Ctx) -> Outcome:
 
 def _decide(ctx: _Ctx) -> Decision | Outcome:
     if ctx.step.decision is not None:
-        return Decision.from_dict(ctx.step.decision)
+        return Decision.from_dict(sorted_keys(ctx.step.decision))
     if ctx.run.mode == ReplayMode.RECORDED and ctx.run.divergence_step is None:
         replayed = _replay_decision(ctx)
         if replayed is not None:
@@ -340,7 +340,7 @@ def _decide(ctx: _Ctx) -> Decision | Outcome:
             [_planned_call(ctx, i, call) for i, call in enumerate(decision.calls)]
         )
     # Work on exactly what was stored, as a retry would.
-    return Decision.from_dict(stored)
+    return Decision.from_dict(sorted_keys(stored))
 
 
 def _replay_decision(ctx: _Ctx) -> Decision | None:
@@ -371,7 +371,7 @@ def _replay_decision(ctx: _Ctx) -> Decision | None:
         **twin.decision,
         "replayed_from": {"run": str(ctx.run.parent_id), "step": twin.number},
     }
-    decision = Decision.from_dict(stored)
+    decision = Decision.from_dict(sorted_keys(stored))
     with transaction.atomic():
         _guarded(ctx)
         Step.objects.filter(pk=ctx.step.pk).update(decision=stored, decided_at=timezone.now())
@@ -426,14 +426,28 @@ def _planned_call(ctx: _Ctx, index: int, call: Call) -> ToolCall:
 _DONE = (ToolCallStatus.OK, ToolCallStatus.SKIPPED, ToolCallStatus.COMPENSATED)
 
 
+def sorted_keys(value: Any) -> Any:
+    """`value` with every object's keys in sorted order.
+
+    What the agent sees must not depend on where it came from: jsonb hands
+    objects back in its own key order, and an agent that serialises a result
+    would otherwise build a different state on a retry or a replay.
+    """
+    if isinstance(value, dict):
+        return {k: sorted_keys(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [sorted_keys(v) for v in value]
+    return value
+
+
 def _result_of(tc: ToolCall, call: Call) -> CallResult:
     return CallResult(
         index=tc.index,
         tool=tc.tool,
         kind=tc.kind,
-        args=tc.args,
+        args=sorted_keys(tc.args),
         status=tc.status,
-        result=tc.result,
+        result=sorted_keys(tc.result),
         error=tc.error or None,
         attempts=len(tc.attempts),
         call_id=call.call_id,
