@@ -72,9 +72,10 @@ class Change:
 
     @property
     def text_diff(self) -> list[tuple[str, str]] | None:
-        if self.op == "changed" and isinstance(self.old, str) and isinstance(self.new, str):
-            if max(len(self.old), len(self.new)) >= TEXT_DIFF_MIN or "\n" in self.old + self.new:
-                return text_diff(self.old, self.new)
+        if not (self.op == "changed" and isinstance(self.old, str) and isinstance(self.new, str)):
+            return None
+        if max(len(self.old), len(self.new)) >= TEXT_DIFF_MIN or "\n" in self.old + self.new:
+            return text_diff(self.old, self.new)
         return None
 
     @property

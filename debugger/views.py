@@ -18,13 +18,21 @@ from django_htmx.middleware import HtmxDetails
 
 from agentrun import services
 from agentrun.models import Run, Snapshot, Step
-from agentrun.snapshots import load_state
 from debugger import audit as audit_log
 from debugger import charts, timeline
 from debugger.access import abilities, get_run_for, role_required
 from debugger.diffs import SnapshotRef, diff_states
 from debugger.forms import ApprovalForm, AuditFilterForm, CancelForm, DiffForm, RunFilterForm
-from debugger.jsontree import Path, PathError, TreeOptions, format_path, parse_path, render_tree, resolve
+from debugger.jsontree import (
+    Path,
+    PathError,
+    TreeOptions,
+    format_path,
+    parse_path,
+    render_tree,
+    resolve,
+)
+from debugger.states import load_states
 
 RUNS_PER_PAGE = 50
 AUDIT_PER_PAGE = 50
@@ -120,6 +128,7 @@ def _run_context(request: HttpRequest, run: Run, rows: list[timeline.Row]) -> di
         "duration_chart": charts.duration_bars(points),
         "size_chart": charts.size_line(points),
         "version": timeline.version(run),
+        "step_url": reverse("debugger:run-step", args=[run.pk, 0]).removesuffix("0/"),
         "phases": PHASES,
         "cancel_form": CancelForm(),
         **abilities(request),
@@ -195,7 +204,7 @@ def _snapshot_context(run: Run, number: int, at: str) -> dict[str, Any]:
 def snapshot(request: HtmxHttpRequest, run_id: Any, number: int, at: str) -> HttpResponse:
     run = get_run_for(request, run_id)
     snap = get_object_or_404(Snapshot, run=run, step=number, at=at)
-    state = load_state(snap)
+    [state] = load_states([snap])
     try:
         path = parse_path(request.GET.get("path", ""))
         value = resolve(state, path)
@@ -231,7 +240,8 @@ def _crumbs(base: str, path: Path) -> list[tuple[str, str]]:
 def snapshot_json(request: HttpRequest, run_id: Any, number: int, at: str) -> HttpResponse:
     run = get_run_for(request, run_id)
     snap = get_object_or_404(Snapshot, run=run, step=number, at=at)
-    body = json.dumps(load_state(snap), indent=2, ensure_ascii=False)
+    [state] = load_states([snap])
+    body = json.dumps(state, indent=2, ensure_ascii=False)
     response = HttpResponse(body, content_type="application/json; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-step-{number}-{at}.json"'
     return response
@@ -267,7 +277,8 @@ def diff_any(request: HtmxHttpRequest) -> HttpResponse:
 def _diff(a: Snapshot, b: Snapshot) -> Any:
     if a.hash == b.hash:  # same content: nothing to load
         return diff_states({}, {}, a.size, b.size)
-    return diff_states(load_state(a), load_state(b), a.size, b.size)
+    old, new = load_states([a, b])
+    return diff_states(old, new, a.size, b.size)
 
 
 # --- audit ---------------------------------------------------------------------------------------

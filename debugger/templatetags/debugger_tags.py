@@ -103,3 +103,17 @@ def last_line(value: Any) -> str:
 def human(value: Any) -> str:
     """awaiting_approval → awaiting approval"""
     return str(value or "").replace("_", " ")
+
+
+@register.simple_tag
+def step_strip(rows: Any, step_url: str, selected: int | None) -> str:
+    from debugger.timeline import strip_html
+
+    return strip_html(rows, step_url, selected)
+
+
+@register.simple_tag
+def step_list(rows: Any, step_url: str, selected: int | None) -> str:
+    from debugger.timeline import list_html
+
+    return list_html(rows, step_url, selected)

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from django.db import connections
 
 from tests.base import PASSWORD
 
@@ -74,6 +75,9 @@ def chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+            # ORM calls made while Playwright runs get their own connection (another context):
+            # close it, or the test database can't be dropped at the end.
+            connections.close_all()
 
 
 @contextmanager

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from debugger.jsontree import PathError, TreeOptions, format_path, parse_path, peek, render_tree, resolve
+from debugger.jsontree import (
+    PathError,
+    TreeOptions,
+    format_path,
+    parse_path,
+    peek,
+    render_tree,
+    resolve,
+)
 
 
 def opts(**kw):
