@@ -630,7 +630,7 @@ def _invoke(ctx: _Ctx, call: Call, tc: ToolCall, t: Tool) -> CallResult | Outcom
     tctx = ToolContext(str(ctx.run.pk), ctx.step.number, tc.index, tc.idempotency_key, attempt)
     started = time.perf_counter()
     try:
-        result = _call_with_timeout(t, tctx, call.args)
+        result = _call_with_timeout(ctx, t, tctx, call.args)
         error: BaseException | None = None
     except BaseException as exc:  # noqa: BLE001 — every failure is recorded
         result, error = None, exc
@@ -674,14 +674,32 @@ def _save_side_effect_result(ctx: _Ctx, tc: ToolCall, t: Tool) -> None:
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agentrun-tool")
 
 
-def _call_with_timeout(t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
+def _call_with_timeout(ctx: _Ctx, t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
+    """Run the tool in a pool thread, extending our lease while it works."""
     if t.timeout <= 0:
         return t(tctx, args)
     future = _POOL.submit(t, tctx, args)
-    try:
-        return future.result(timeout=t.timeout)
-    except FutureTimeout:
-        raise ToolError(f"{t.name} timed out after {t.timeout:g}s", transient=True) from None
+    deadline = time.monotonic() + t.timeout
+    beat = max(settings.AGENTRUN_LEASE_SECONDS / 3, 0.05)
+    while True:
+        try:
+            return future.result(timeout=min(beat, max(deadline - time.monotonic(), 0)))
+        except FutureTimeout:
+            if time.monotonic() >= deadline:
+                raise ToolError(
+                    f"{t.name} timed out after {t.timeout:g}s", transient=True
+                ) from None
+            _heartbeat(ctx)
+
+
+def _heartbeat(ctx: _Ctx) -> None:
+    """Keep the lease of a step whose tool takes long; a lost lease only logs here,
+    the step's next guarded write will stop it."""
+    n = Run.objects.filter(
+        pk=ctx.run.pk, next_step=ctx.step.number, lease_owner=ctx.owner, status=RunStatus.RUNNING
+    ).update(lease_expires_at=_lease_expiry())
+    if n != 1:
+        log.warning("step %s of %s: lease lost while a tool ran", ctx.step.number, ctx.run.pk)
 
 
 def _failed_attempt(ctx: _Ctx, call: Call, tc: ToolCall, t: Tool, error: BaseException) -> Outcome:

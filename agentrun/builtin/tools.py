@@ -23,7 +23,7 @@ def echo(ctx: ToolContext, **args: Any) -> dict[str, Any]:
 
 @tool(
     kind="read",
-    timeout=0,
+    timeout=660,
     parameters={"type": "object", "properties": {"seconds": {"type": "number"}}},
 )
 def sleep(ctx: ToolContext, seconds: float = 1.0) -> dict[str, Any]:
