@@ -48,9 +48,16 @@ PHASES = {"plan": "planning", "act": "executing", "reflect": "reflecting"}
 def insert_run(steps: int) -> Run:
     """A finished run of `steps` steps: rows written directly, snapshots through the store."""
     now = timezone.now()
-    run = Run.objects.create(agent="bench", agent_version="workload", input={"goal": f"{steps}-step workload"},
-                             status="succeeded", phase="reflecting", next_step=steps + 1,
-                             started_at=now, finished_at=now)
+    run = Run.objects.create(
+        agent="bench",
+        agent_version="workload",
+        input={"goal": f"{steps}-step workload"},
+        status="succeeded",
+        phase="reflecting",
+        next_step=steps + 1,
+        started_at=now,
+        finished_at=now,
+    )
     state = workload.initial_state("grow")
     prev: Snapshot | None = None
     node: Any = None
@@ -62,14 +69,28 @@ def insert_run(steps: int) -> Run:
             pre = snapshots.reference(run.pk, k, "pre", prev)
         d = workload.step_delta(k, "grow")
         new_state = workload.apply_delta(state, d, "grow")
-        post, node = snapshots.build(run.pk, k, "post", new_state, pre, state, prev_node=node,
-                                     outcome="succeeded")
+        post, node = snapshots.build(
+            run.pk, k, "post", new_state, pre, state, prev_node=node, outcome="succeeded"
+        )
         batch_snaps += [pre, post]
-        step = Step(run=run, number=k, status="succeeded", attempts=1 + (k % 97 == 0),
-                    phase_before=PHASES[state["phase"]] if k > 1 else "idle", phase_after=PHASES[d["phase"]],
-                    decision={"thought": d["messages"][0]["content"][:120], "rationale": "", "calls": [],
-                              "final": None},
-                    duration_ms=5 + (k % 13) * 1.7, state_size=post.size, started_at=now, finished_at=now)
+        step = Step(
+            run=run,
+            number=k,
+            status="succeeded",
+            attempts=1 + (k % 97 == 0),
+            phase_before=PHASES[state["phase"]] if k > 1 else "idle",
+            phase_after=PHASES[d["phase"]],
+            decision={
+                "thought": d["messages"][0]["content"][:120],
+                "rationale": "",
+                "calls": [],
+                "final": None,
+            },
+            duration_ms=5 + (k % 13) * 1.7,
+            state_size=post.size,
+            started_at=now,
+            finished_at=now,
+        )
         batch_steps.append(step)
         prev, state = post, new_state
     with transaction.atomic():
@@ -77,21 +98,40 @@ def insert_run(steps: int) -> Run:
         Snapshot.objects.bulk_create(batch_snaps, batch_size=100)
         for step in Step.objects.filter(run=run).only("pk", "number"):
             call = workload.step_delta(step.number, "grow")["tool_calls"][0]
-            batch_calls.append(ToolCall(
-                run=run, step=step, index=0, tool=call["tool"], kind="read", args=call["args"],
-                args_hash=f"{step.number:016x}", idempotency_key=f"{run.pk}:{step.number}:0:{call['tool']}",
-                status="ok", result=call["result"],
-                attempts=[{"at": now.isoformat(), "started": True, "ended": True, "duration_ms": 1.0}],
-            ))
+            batch_calls.append(
+                ToolCall(
+                    run=run,
+                    step=step,
+                    index=0,
+                    tool=call["tool"],
+                    kind="read",
+                    args=call["args"],
+                    args_hash=f"{step.number:016x}",
+                    idempotency_key=f"{run.pk}:{step.number}:0:{call['tool']}",
+                    status="ok",
+                    result=call["result"],
+                    attempts=[
+                        {"at": now.isoformat(), "started": True, "ended": True, "duration_ms": 1.0}
+                    ],
+                )
+            )
         ToolCall.objects.bulk_create(batch_calls, batch_size=200)
-    assert workload.fingerprint(snapshots.load(run.pk, steps, "post")) == workload.fingerprint(state)
+    assert workload.fingerprint(snapshots.load(run.pk, steps, "post")) == workload.fingerprint(
+        state
+    )
     return run
 
 
 def insert_single(state: dict[str, Any]) -> Run:
     now = timezone.now()
-    run = Run.objects.create(agent="bench", input={"goal": "one snapshot"}, status="succeeded",
-                             next_step=2, started_at=now, finished_at=now)
+    run = Run.objects.create(
+        agent="bench",
+        input={"goal": "one snapshot"},
+        status="succeeded",
+        next_step=2,
+        started_at=now,
+        finished_at=now,
+    )
     Step.objects.create(run=run, number=1, status="succeeded", started_at=now, finished_at=now)
     snap, node = snapshots.build(run.pk, 1, "pre", state, None, None)
     snap.save()
@@ -132,8 +172,11 @@ def main() -> None:
     notes = dict(big["memory"]["notes"])
     notes["note_05"] += " (edited by an operator)"
     # Shares every untouched item with `big`, as consecutive snapshots of a run do.
-    edited = {**big, "memory": {**big["memory"], "notes": notes},
-              "messages": [*big["messages"], {"role": "user", "content": "one more question"}]}
+    edited = {
+        **big,
+        "memory": {**big["memory"], "notes": notes},
+        "messages": [*big["messages"], {"role": "user", "content": "one more question"}],
+    }
     other = insert_single(edited)
 
     client = Client(HTTP_HOST="localhost")
@@ -144,17 +187,32 @@ def main() -> None:
     detail = get(client, f"/runs/{r}/")
     timed(f"run detail page, {STEPS} steps (strip + list + last step)", detail)
     print(f"  {detail.size / 1024:.0f} KB of HTML")  # type: ignore[attr-defined]
-    timed("one step's body (htmx partial)", get(client, f"/runs/{r}/steps/500/", HTTP_HX_TARGET="step-body", **hx))
-    timed("live refresh after a change (header + strip + list)", get(client, f"/runs/{r}/live/?v=x", **hx))
-    timed(f"snapshot page, post of step {STEPS} (2.5 MB state)", get(client, f"/runs/{r}/steps/{STEPS}/post/"))
+    timed(
+        "one step's body (htmx partial)",
+        get(client, f"/runs/{r}/steps/500/", HTTP_HX_TARGET="step-body", **hx),
+    )
+    timed(
+        "live refresh after a change (header + strip + list)",
+        get(client, f"/runs/{r}/live/?v=x", **hx),
+    )
+    timed(
+        f"snapshot page, post of step {STEPS} (2.5 MB state)",
+        get(client, f"/runs/{r}/steps/{STEPS}/post/"),
+    )
     timed(f"pre → post diff of step {STEPS} (page)", get(client, f"/runs/{r}/steps/{STEPS}/diff/"))
-    timed("diff of two ~2.5 MB snapshots of two runs (page)",
-          get(client, f"/diff/?a={r}:{STEPS}:post&b={other.pk}:1:pre"))
-    timed("diff of two ~2.5 MB states, diff_states() alone (shared items)",
-          lambda: diff_states(big, edited, 1, 1))
+    timed(
+        "diff of two ~2.5 MB snapshots of two runs (page)",
+        get(client, f"/diff/?a={r}:{STEPS}:post&b={other.pk}:1:pre"),
+    )
+    timed(
+        "diff of two ~2.5 MB states, diff_states() alone (shared items)",
+        lambda: diff_states(big, edited, 1, 1),
+    )
     unshared = copy.deepcopy(edited)
-    timed("diff of two ~2.5 MB states, diff_states() alone (no sharing)",
-          lambda: diff_states(big, unshared, 1, 1))
+    timed(
+        "diff of two ~2.5 MB states, diff_states() alone (no sharing)",
+        lambda: diff_states(big, unshared, 1, 1),
+    )
     print("  →", diff_states(big, unshared, 1, 1).summary)
 
 

@@ -13,7 +13,8 @@ from uuid import UUID
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest
+from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
 
 from agentrun.models import Run
@@ -44,11 +45,11 @@ def check(request: HttpRequest, perm: Perm = "view") -> None:
         raise PermissionDenied(f"{perm} needs a role that allows it")
 
 
-def role_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+def role_required(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
     """Login, then any role; every debugger response also gets the CSP header."""
 
     @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
         check(request, "view")

@@ -12,8 +12,21 @@ from django.db.models import QuerySet
 
 from agentrun.models import Event, ToolCall
 
-COLUMNS = ["at", "record", "run", "step", "actor", "action", "tool", "kind", "status",
-           "idempotency_key", "reason", "compensation", "detail"]
+COLUMNS = [
+    "at",
+    "record",
+    "run",
+    "step",
+    "actor",
+    "action",
+    "tool",
+    "kind",
+    "status",
+    "idempotency_key",
+    "reason",
+    "compensation",
+    "detail",
+]
 
 
 class _Echo:
@@ -31,8 +44,21 @@ def _cell(value: Any) -> str:
 
 def _event_row(e: Event) -> list[Any]:
     payload = e.payload or {}
-    return [e.created_at.isoformat(), "action", e.run_id, e.step, e.actor, e.kind, payload.get("tool", ""),
-            "", "", payload.get("key", ""), e.reason, "", json.dumps(payload, sort_keys=True, default=str)]
+    return [
+        e.created_at.isoformat(),
+        "action",
+        e.run_id,
+        e.step,
+        e.actor,
+        e.kind,
+        payload.get("tool", ""),
+        "",
+        "",
+        payload.get("key", ""),
+        e.reason,
+        "",
+        json.dumps(payload, sort_keys=True, default=str),
+    ]
 
 
 def _call_row(c: ToolCall) -> list[Any]:
@@ -41,9 +67,21 @@ def _call_row(c: ToolCall) -> list[Any]:
     detail = {"args": c.args, "attempts": len(c.attempts or [])}
     if approval:
         detail["approval"] = approval
-    return [c.created_at.isoformat(), "tool_call", c.run_id, c.step.number, approval.get("by", ""), "call",
-            c.tool, c.kind, c.status, c.idempotency_key, approval.get("comment", ""),
-            comp.get("status", ""), json.dumps(detail, sort_keys=True, default=str)]
+    return [
+        c.created_at.isoformat(),
+        "tool_call",
+        c.run_id,
+        c.step.number,
+        approval.get("by", ""),
+        "call",
+        c.tool,
+        c.kind,
+        c.status,
+        c.idempotency_key,
+        approval.get("comment", ""),
+        comp.get("status", ""),
+        json.dumps(detail, sort_keys=True, default=str),
+    ]
 
 
 def csv_lines(actions: QuerySet[Event], calls: QuerySet[ToolCall]) -> Iterator[str]:
@@ -53,7 +91,8 @@ def csv_lines(actions: QuerySet[Event], calls: QuerySet[ToolCall]) -> Iterator[s
     rows = merge(
         (_event_row(e) for e in actions.iterator(chunk_size=500)),
         (_call_row(c) for c in calls.iterator(chunk_size=500)),
-        key=lambda row: row[0], reverse=True,
+        key=lambda row: row[0],
+        reverse=True,
     )
     for row in rows:
         yield writer.writerow([_cell(v) for v in row])

@@ -43,9 +43,7 @@ def duration_bars(points: Sequence[StepPoint], height: float = 48.0) -> Chart:
         paths["failed" if p.failed else "ok"].append(
             f"M{x:.2f} {height:.2f}h{width - gap:.2f}v{-h:.2f}h{gap - width:.2f}z"
         )
-    body = "".join(
-        f'<path class="bar-{name}" d="{"".join(d)}"/>' for name, d in paths.items() if d
-    )
+    body = "".join(f'<path class="bar-{name}" d="{"".join(d)}"/>' for name, d in paths.items() if d)
     return Chart(_svg(body, height, "Step durations"), top, "duration")
 
 
@@ -62,8 +60,10 @@ def size_line(points: Sequence[StepPoint], height: float = 36.0) -> Chart:
         coords = [(x - width / 2, y), (x + width / 2, y)]
     line = "M" + "L".join(f"{x:.2f} {y:.2f}" for x, y in coords)
     area = f"{line}L{coords[-1][0]:.2f} {height:.2f}L{coords[0][0]:.2f} {height:.2f}z"
-    body = (f'<path class="area" d="{area}"/>'
-            f'<path class="line" d="{line}" vector-effect="non-scaling-stroke"/>')
+    body = (
+        f'<path class="area" d="{area}"/>'
+        f'<path class="line" d="{line}" vector-effect="non-scaling-stroke"/>'
+    )
     return Chart(_svg(body, height, "State size"), top, "size")
 
 

@@ -32,7 +32,12 @@ TEXT_DIFF_MAX = 100_000
 CONTEXT_CHARS = 80
 
 _ADDED = {"dictionary_item_added", "iterable_item_added", "attribute_added", "set_item_added"}
-_REMOVED = {"dictionary_item_removed", "iterable_item_removed", "attribute_removed", "set_item_removed"}
+_REMOVED = {
+    "dictionary_item_removed",
+    "iterable_item_removed",
+    "attribute_removed",
+    "set_item_removed",
+}
 
 
 @dataclass
@@ -97,8 +102,11 @@ class Preview:
         text = json.dumps(value, ensure_ascii=False, default=str)
         full = None
         if len(text) > PREVIEW_CHARS:
-            pretty = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2,
-                                                                     default=str)
+            pretty = (
+                value
+                if isinstance(value, str)
+                else json.dumps(value, ensure_ascii=False, indent=2, default=str)
+            )
             full = pretty[:FULL_CHARS] + ("\n… (truncated)" if len(pretty) > FULL_CHARS else "")
             text = text[:PREVIEW_CHARS] + "…"
         return cls(json_type(value), text, full, json_size(value))
@@ -138,7 +146,11 @@ class StateDiff:
                 n += 1
             del prefix[n:]
         # A single changed leaf is named by its own path; say where it lives instead.
-        if len(paths) == 1 and prefix == list(paths[0]) and self.changes[0].op in ("added", "removed", "changed"):
+        if (
+            len(paths) == 1
+            and prefix == list(paths[0])
+            and self.changes[0].op in ("added", "removed", "changed")
+        ):
             prefix = prefix[:-1]
         if prefix:
             return "in " + format_path(prefix)
@@ -161,8 +173,9 @@ class StateDiff:
 # --- computing the diff -----------------------------------------------------------
 
 
-def diff_states(old: Any, new: Any, old_size: int | None = None, new_size: int | None = None
-                ) -> StateDiff:
+def diff_states(
+    old: Any, new: Any, old_size: int | None = None, new_size: int | None = None
+) -> StateDiff:
     """All differences from old to new, deepdiff only on the subtrees that differ.
 
     Pass the sizes when they are known (Snapshot.size): measuring a big state costs more
@@ -189,8 +202,11 @@ def diff_states(old: Any, new: Any, old_size: int | None = None, new_size: int |
             _, _, start, dropped, items = op
             changes.extend(_splice_changes(old, new, path, start, dropped, items, old_path))
             shift[path] += len(items) - dropped
-    return StateDiff(changes, old_size=json_size(old) if old_size is None else old_size,
-                     new_size=json_size(new) if new_size is None else new_size)
+    return StateDiff(
+        changes,
+        old_size=json_size(old) if old_size is None else old_size,
+        new_size=json_size(new) if new_size is None else new_size,
+    )
 
 
 def _at(value: Any, path: Iterable[str | int]) -> Any:
@@ -209,14 +225,17 @@ def _set_changes(old: Any, new: Any, path: Path, old_path: Any) -> list[Change]:
     return _explain(path, old_value, new_value)
 
 
-def _splice_changes(old: Any, new: Any, path: Path, start: int, dropped: int, items: list,
-                    old_path: Any) -> list[Change]:
+def _splice_changes(
+    old: Any, new: Any, path: Path, start: int, dropped: int, items: list, old_path: Any
+) -> list[Change]:
     old_list = _at(old, old_path(path))
     old_start = old_path((*path, start))[-1]  # where the splice starts in the old list
-    removed = old_list[old_start:old_start + dropped]
+    removed = old_list[old_start : old_start + dropped]
     if not dropped:
         appended = old_start == len(old_list)
-        return [Change("appended" if appended else "inserted", path, items=list(items), index=start)]
+        return [
+            Change("appended" if appended else "inserted", path, items=list(items), index=start)
+        ]
     if not items:
         return [Change("dropped", path, items=list(removed), index=old_start)]
     # Part of the list was replaced: let deepdiff say how, item by item.
@@ -229,8 +248,9 @@ def _explain(path: Path, old_value: Any, new_value: Any) -> list[Change]:
     return [Change("changed", path, old=old_value, new=new_value)]
 
 
-def _deep(path: Path, old_value: Any, new_value: Any, index_offset: tuple[int, int] | None = None
-          ) -> list[Change]:
+def _deep(
+    path: Path, old_value: Any, new_value: Any, index_offset: tuple[int, int] | None = None
+) -> list[Change]:
     """deepdiff over one small subtree pair, its paths rebased onto `path`."""
     tree = DeepDiff(old_value, new_value, view="tree", threshold_to_diff_deeper=0)
 
@@ -255,8 +275,9 @@ def _deep(path: Path, old_value: Any, new_value: Any, index_offset: tuple[int, i
     return out
 
 
-def _group_appends(added: list[tuple[list[Any], Any]], old_value: Any, new_value: Any, rebase: Any
-                   ) -> list[Change]:
+def _group_appends(
+    added: list[tuple[list[Any], Any]], old_value: Any, new_value: Any, rebase: Any
+) -> list[Change]:
     """Items added at the end of a list become one "appended" change."""
     by_parent: dict[tuple[Any, ...], list[tuple[int, Any]]] = defaultdict(list)
     out: list[Change] = []

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from django import forms
@@ -17,8 +17,12 @@ def _choices(values: Any, blank: str) -> list[tuple[str, str]]:
 
 
 class DateRangeMixin(forms.Form):
-    since = forms.DateField(required=False, label="From", widget=forms.DateInput(attrs={"type": "date"}))
-    until = forms.DateField(required=False, label="To", widget=forms.DateInput(attrs={"type": "date"}))
+    since = forms.DateField(
+        required=False, label="From", widget=forms.DateInput(attrs={"type": "date"})
+    )
+    until = forms.DateField(
+        required=False, label="To", widget=forms.DateInput(attrs={"type": "date"})
+    )
 
     def date_q(self, field: str) -> Q:
         q = Q()
@@ -30,17 +34,23 @@ class DateRangeMixin(forms.Form):
 
 
 class RunFilterForm(DateRangeMixin):
-    q = forms.CharField(required=False, label="Search", max_length=200,
-                        widget=forms.TextInput(attrs={"placeholder": "run id, goal or input text",
-                                                      "type": "search"}))
-    status = forms.ChoiceField(required=False, choices=[("", "any status"), ("active", "active"),
-                                                        *RunStatus.choices])
+    q = forms.CharField(
+        required=False,
+        label="Search",
+        max_length=200,
+        widget=forms.TextInput(
+            attrs={"placeholder": "run id, goal or input text", "type": "search"}
+        ),
+    )
+    status = forms.ChoiceField(
+        required=False, choices=[("", "any status"), ("active", "active"), *RunStatus.choices]
+    )
     agent = forms.ChoiceField(required=False, choices=[])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         agents = Run.objects.order_by("agent").values_list("agent", flat=True).distinct()
-        self.fields["agent"].choices = _choices(agents, "any agent")
+        cast(forms.ChoiceField, self.fields["agent"]).choices = _choices(agents, "any agent")
 
     def filter(self, runs: QuerySet[Run]) -> QuerySet[Run]:
         if not self.is_valid():
@@ -75,17 +85,26 @@ class AuditFilterForm(DateRangeMixin):
     user = forms.ChoiceField(required=False, choices=[])
     tool = forms.ChoiceField(required=False, choices=[])
     kind = forms.ChoiceField(required=False, choices=_choices(SIDE_EFFECT_KINDS, "write + hybrid"))
-    run = forms.UUIDField(required=False, label="Run id",
-                          widget=forms.TextInput(attrs={"placeholder": "run id"}))
+    run = forms.UUIDField(
+        required=False, label="Run id", widget=forms.TextInput(attrs={"placeholder": "run id"})
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        actors = (Event.objects.filter(user__isnull=False).order_by("actor")
-                  .values_list("actor", flat=True).distinct())
-        tools = (ToolCall.objects.filter(kind__in=SIDE_EFFECT_KINDS).order_by("tool")
-                 .values_list("tool", flat=True).distinct())
-        self.fields["user"].choices = _choices(actors, "anyone")
-        self.fields["tool"].choices = _choices(tools, "any tool")
+        actors = (
+            Event.objects.filter(user__isnull=False)
+            .order_by("actor")
+            .values_list("actor", flat=True)
+            .distinct()
+        )
+        tools = (
+            ToolCall.objects.filter(kind__in=SIDE_EFFECT_KINDS)
+            .order_by("tool")
+            .values_list("tool", flat=True)
+            .distinct()
+        )
+        cast(forms.ChoiceField, self.fields["user"]).choices = _choices(actors, "anyone")
+        cast(forms.ChoiceField, self.fields["tool"]).choices = _choices(tools, "any tool")
 
     def actions(self) -> QuerySet[Event]:
         events = Event.objects.filter(user__isnull=False)
@@ -110,7 +129,9 @@ class AuditFilterForm(DateRangeMixin):
         data = self.cleaned_data
         if data["user"]:
             # Side effects a user is answerable for: runs they started or calls they approved.
-            calls = calls.filter(Q(run__created_by__username=data["user"]) | Q(approval__by=data["user"]))
+            calls = calls.filter(
+                Q(run__created_by__username=data["user"]) | Q(approval__by=data["user"])
+            )
         if data["tool"]:
             calls = calls.filter(tool=data["tool"])
         if data["kind"]:
@@ -125,22 +146,32 @@ def _tools_of_kind(kind: str) -> list[str]:
 
 
 class CancelForm(forms.Form):
-    reason = forms.CharField(required=False, max_length=2000,
-                             widget=forms.TextInput(attrs={"placeholder": "reason (recorded in the audit log)"}))
+    reason = forms.CharField(
+        required=False,
+        max_length=2000,
+        widget=forms.TextInput(attrs={"placeholder": "reason (recorded in the audit log)"}),
+    )
 
 
 class ApprovalForm(forms.Form):
     decision = forms.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")])
     comment = forms.CharField(required=False, max_length=2000)
-    resolution = forms.ChoiceField(required=False, choices=[("", "–"), ("retry", "retry"),
-                                                            ("mark_done", "mark done")])
+    resolution = forms.ChoiceField(
+        required=False, choices=[("", "–"), ("retry", "retry"), ("mark_done", "mark done")]
+    )
 
 
 class DiffForm(forms.Form):
-    a = forms.CharField(label="From", max_length=200,
-                        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>"}))
-    b = forms.CharField(label="To", max_length=200,
-                        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>"}))
+    a = forms.CharField(
+        label="From",
+        max_length=200,
+        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>"}),
+    )
+    b = forms.CharField(
+        label="To",
+        max_length=200,
+        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>"}),
+    )
 
     def _ref(self, name: str) -> SnapshotRef:
         try:

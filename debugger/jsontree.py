@@ -88,7 +88,7 @@ def parse_path(text: str) -> Path:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if not m or (m.group(0).startswith(".") and pos == 0):
-            raise PathError(f"bad path at {text[pos:pos + 20]!r}")
+            raise PathError(f"bad path at {text[pos : pos + 20]!r}")
         name, index, quoted = m.groups()
         if name is not None:
             out.append(name)
@@ -103,10 +103,12 @@ def parse_path(text: str) -> Path:
 def resolve(value: Any, path: Sequence[str | int]) -> Any:
     """The subtree at path; KeyError when it isn't there."""
     for step in path:
-        if isinstance(value, dict) and isinstance(step, str) and step in value or isinstance(value, list) and isinstance(step, int) and -len(value) <= step < len(value):
-            value = value[step]
-        else:
+        found = (isinstance(value, dict) and isinstance(step, str) and step in value) or (
+            isinstance(value, list) and isinstance(step, int) and -len(value) <= step < len(value)
+        )
+        if not found:
             raise KeyError(format_path(path))
+        value = value[step]
     return value
 
 
@@ -127,8 +129,15 @@ class _Renderer:
         self.left = opts.budget
         self.parts: list[str] = []
 
-    def node(self, key: str | int | None, value: Any, path: Path, depth: int,
-             start: int | None = None, size: int | None = None) -> None:
+    def node(
+        self,
+        key: str | int | None,
+        value: Any,
+        path: Path,
+        depth: int,
+        start: int | None = None,
+        size: int | None = None,
+    ) -> None:
         self.left -= 1
         if isinstance(value, dict | list):
             self.container(key, value, path, depth, start, size)
@@ -156,21 +165,36 @@ class _Renderer:
             text = "[]" if value == [] else "{}" if value == {} else json.dumps(value, default=str)
             value_html = f'<span class="jt-val jt-{kind}">{e(text)}</span>'
             meta = kind
-        self.parts.append(f'<li class="jt-leaf">{self.key(key)}<span class="jt-body">{value_html} '
-                          f'<span class="jt-meta">{e(meta)}</span> {self.copy(path)}{more}</span></li>')
+        self.parts.append(
+            f'<li class="jt-leaf">{self.key(key)}<span class="jt-body">{value_html} '
+            f'<span class="jt-meta">{e(meta)}</span> {self.copy(path)}{more}</span></li>'
+        )
 
     def string(self, value: str) -> tuple[str, str, str]:
         meta = f"string · {len(value):,} chars"
         if len(value) <= STRING_PREVIEW and "\n" not in value:
             return f'<span class="jt-val jt-string">"{e(value)}"</span>', meta, ""
         first = value.split("\n", 1)[0][:STRING_PREVIEW]
-        cut = "" if len(value) <= STRING_FULL_LIMIT else f"… (first {STRING_FULL_LIMIT:,} chars; download for all)"
-        more = (f'<details class="jt-more"><summary>show all</summary>'
-                f'<pre class="jt-pre">{e(value[:STRING_FULL_LIMIT])}{cut}</pre></details>')
+        cut = (
+            ""
+            if len(value) <= STRING_FULL_LIMIT
+            else f"… (first {STRING_FULL_LIMIT:,} chars; download for all)"
+        )
+        more = (
+            f'<details class="jt-more"><summary>show all</summary>'
+            f'<pre class="jt-pre">{e(value[:STRING_FULL_LIMIT])}{cut}</pre></details>'
+        )
         return f'<span class="jt-val jt-string">"{e(first)}…"</span>', meta, more
 
-    def container(self, key: str | int | None, value: dict | list, path: Path, depth: int,
-                  start: int | None, size: int | None) -> None:
+    def container(
+        self,
+        key: str | int | None,
+        value: dict | list,
+        path: Path,
+        depth: int,
+        start: int | None,
+        size: int | None,
+    ) -> None:
         if not value:
             self.leaf(key, value, path)
             return
@@ -181,15 +205,19 @@ class _Renderer:
         meta = f"{'object' if is_dict else 'array'} · {count} · {human_bytes(size)}"
         if self.left <= 0 and depth > 0:
             link = e(self.opts.link(path, None))
-            self.parts.append(f'<li class="jt-stub">{self.key(key)}<span class="jt-body"><span class="jt-meta">'
-                              f'{meta}</span> <a class="jt-open" href="{link}">open subtree</a> '
-                              f'{self.copy(path)}</span></li>')
+            self.parts.append(
+                f'<li class="jt-stub">{self.key(key)}<span class="jt-body"><span class="jt-meta">'
+                f'{meta}</span> <a class="jt-open" href="{link}">open subtree</a> '
+                f"{self.copy(path)}</span></li>"
+            )
             return
         is_open = " open" if depth < self.opts.open_depth else ""
-        self.parts.append(f'<li class="jt-node"><details{is_open}><summary>{self.key(key)}'
-                          f'<span class="jt-meta">{meta}</span><span class="jt-peek">{e(peek(value))}</span>'
-                          f'{self.copy(path)}</summary><ul class="jt-children">')
-        items = list(value.items()) if is_dict else list(enumerate(value))
+        self.parts.append(
+            f'<li class="jt-node"><details{is_open}><summary>{self.key(key)}'
+            f'<span class="jt-meta">{meta}</span><span class="jt-peek">{e(peek(value))}</span>'
+            f'{self.copy(path)}</summary><ul class="jt-children">'
+        )
+        items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
         limit = self.opts.per_container
         if n > limit:
             # Lists open on their newest items: that's where an agent's latest work is.
@@ -208,7 +236,9 @@ class _Renderer:
 
     def more(self, path: Path, label: str, lo: int, hi: int) -> None:
         link = e(self.opts.link(path, lo))
-        self.parts.append(f'<li class="jt-gap">{e(label)} <a href="{link}">show {lo:,}–{hi - 1:,}</a></li>')
+        self.parts.append(
+            f'<li class="jt-gap">{e(label)} <a href="{link}">show {lo:,}–{hi - 1:,}</a></li>'
+        )
 
 
 PEEK_CHARS = 90
@@ -235,8 +265,14 @@ def peek(value: Any, limit: int = PEEK_CHARS) -> str:
     return joined[:limit] + ("…" if len(joined) > limit else "")
 
 
-def render_tree(value: Any, opts: TreeOptions, *, path: Path = (), start: int | None = None,
-                size: int | None = None) -> SafeString:
+def render_tree(
+    value: Any,
+    opts: TreeOptions,
+    *,
+    path: Path = (),
+    start: int | None = None,
+    size: int | None = None,
+) -> SafeString:
     """HTML for value (found at path in its state) as a <ul class="jt"> tree."""
     r = _Renderer(opts)
     key = path[-1] if path else None

@@ -10,7 +10,7 @@ untouched subtree, which makes the structural diff between them nearly free.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from agentrun import delta
 from agentrun.models import Snapshot, SnapshotKind
@@ -44,15 +44,20 @@ def _passes(wanted: list[Snapshot]) -> list[list[Snapshot]]:
 
 def _replay(run_id: Any, group: list[Snapshot]) -> dict[int, Any]:
     targets = {s.seq: s.pk for s in group}
-    rows = (Snapshot.objects.filter(run_id=run_id, seq__gte=group[0].keyframe_seq, seq__lte=group[-1].seq)
-            .order_by("seq").values_list("seq", "kind", "data"))
+    rows = (
+        Snapshot.objects.filter(
+            run_id=run_id, seq__gte=group[0].keyframe_seq, seq__lte=group[-1].seq
+        )
+        .order_by("seq")
+        .values_list("seq", "kind", "data")
+    )
     out: dict[int, Any] = {}
     state: Any = None
     for seq, kind, data in rows.iterator(chunk_size=200):
         if kind == SnapshotKind.FULL:
             state = data
         elif kind == SnapshotKind.DELTA:
-            state = delta.patch(state, data)
+            state = delta.patch(state, cast(list, data))
         if seq in targets:
             out[targets[seq]] = state
     return out

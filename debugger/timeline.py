@@ -77,12 +77,22 @@ def rows(run: Run) -> list[Row]:
         Step.objects.filter(run=run)
         .order_by("number")
         .annotate(thought_text=KT("decision__thought"), final_text=KT("decision__final"))
-        .values_list("number", "status", "phase_before", "phase_after", "attempts", "duration_ms",
-                     "state_size", "thought_text", "final_text")
+        .values_list(
+            "number",
+            "status",
+            "phase_before",
+            "phase_after",
+            "attempts",
+            "duration_ms",
+            "state_size",
+            "thought_text",
+            "final_text",
+        )
     )
     tools: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
     for number, tool, kind, status in (
-        ToolCall.objects.filter(run=run).order_by("step__number", "index")
+        ToolCall.objects.filter(run=run)
+        .order_by("step__number", "index")
         .values_list("step__number", "tool", "kind", "status")
     ):
         tools[number].append((tool, kind, status))
@@ -91,12 +101,19 @@ def rows(run: Run) -> list[Row]:
         text = thought or ""
         if final is not None and not text:
             text = f"final: {final}"
-        out.append(Row(
-            number=number, status=status, phase=after or before or "", phase_before=before or "",
-            attempts=attempts, duration_ms=duration, state_size=size,
-            thought=text[:THOUGHT_CHARS] + ("…" if len(text) > THOUGHT_CHARS else ""),
-            tools=tools.get(number, []),
-        ))
+        out.append(
+            Row(
+                number=number,
+                status=status,
+                phase=after or before or "",
+                phase_before=before or "",
+                attempts=attempts,
+                duration_ms=duration,
+                state_size=size,
+                thought=text[:THOUGHT_CHARS] + ("…" if len(text) > THOUGHT_CHARS else ""),
+                tools=tools.get(number, []),
+            )
+        )
     return out
 
 
@@ -114,8 +131,11 @@ def chart_points(timeline: list[Row]) -> list[charts.StepPoint]:
 
 def stats(run: Run) -> dict[str, Any]:
     agg = Step.objects.filter(run=run).aggregate(
-        steps=Count("id"), total_ms=Sum("duration_ms"), slowest_ms=Max("duration_ms"),
-        first=Min("number"), last=Max("number"),
+        steps=Count("id"),
+        total_ms=Sum("duration_ms"),
+        slowest_ms=Max("duration_ms"),
+        first=Min("number"),
+        last=Max("number"),
     )
     agg["calls"] = ToolCall.objects.filter(run=run).count()
     agg["side_effects"] = ToolCall.objects.filter(run=run, kind__in=("write", "hybrid")).count()
@@ -189,8 +209,12 @@ def waiting_call(run: Run) -> ToolCall | None:
     """The call an operator must decide on, when the run waits for one."""
     if run.status != "waiting" or run.wait_reason not in (WaitReason.APPROVAL, WaitReason.IN_DOUBT):
         return None
-    return (ToolCall.objects.filter(run=run, status__in=WAITING_CALLS)
-            .select_related("step").order_by("-step__number", "index").first())
+    return (
+        ToolCall.objects.filter(run=run, status__in=WAITING_CALLS)
+        .select_related("step")
+        .order_by("-step__number", "index")
+        .first()
+    )
 
 
 def attempts_of(call: ToolCall) -> list[dict[str, Any]]:
@@ -198,9 +222,17 @@ def attempts_of(call: ToolCall) -> list[dict[str, Any]]:
     out = []
     for n, a in enumerate(call.attempts or [], start=1):
         at = a.get("at")
-        out.append({"n": n, "at": parse_datetime(at) if isinstance(at, str) else None, "error": a.get("error"), "backoff_s": a.get("backoff_s"),
-                    "duration_ms": a.get("duration_ms"), "fault": a.get("fault"),
-                    "unfinished": a.get("started") and not a.get("ended")})
+        out.append(
+            {
+                "n": n,
+                "at": parse_datetime(at) if isinstance(at, str) else None,
+                "error": a.get("error"),
+                "backoff_s": a.get("backoff_s"),
+                "duration_ms": a.get("duration_ms"),
+                "fault": a.get("fault"),
+                "unfinished": a.get("started") and not a.get("ended"),
+            }
+        )
     return out
 
 
@@ -235,8 +267,10 @@ def strip_html(rows: list[Row], step_url: str, selected: int | None) -> SafeStri
     parts = []
     for r in rows:
         sel = " sel" if r.number == selected else ""
-        parts.append(f'<a href="{step_url}{r.number}/" data-n="{r.number}" class="cell {_step_classes(r)}{sel}" '
-                     f'title="{escape(r.title)}"><span>{r.number}</span></a>')
+        parts.append(
+            f'<a href="{step_url}{r.number}/" data-n="{r.number}" class="cell {_step_classes(r)}{sel}" '
+            f'title="{escape(r.title)}"><span>{r.number}</span></a>'
+        )
     return mark_safe("".join(parts))  # noqa: S308 - escaped above
 
 
@@ -246,14 +280,21 @@ def list_html(rows: list[Row], step_url: str, selected: int | None) -> SafeStrin
 
     parts = []
     for r in rows:
-        state = (" sel" if r.number == selected else "") + (" failed" if r.failed else "") + (
-            " waiting" if r.waiting else "")
+        state = (
+            (" sel" if r.number == selected else "")
+            + (" failed" if r.failed else "")
+            + (" waiting" if r.waiting else "")
+        )
         chips = "".join(
             f'<span class="chip kind-{_css(kind)} cs-{_css(status)}" title="{escape(kind)} · {escape(status)}">'
             f"{escape(tool)}</span>"
             for tool, kind, status in r.tools
         )
-        retry = f'<span class="retry" title="{r.attempts} attempts">↻{r.attempts}</span> ' if r.retried else ""
+        retry = (
+            f'<span class="retry" title="{r.attempts} attempts">↻{r.attempts}</span> '
+            if r.retried
+            else ""
+        )
         parts.append(
             f'<a href="{step_url}{r.number}/" data-n="{r.number}" class="row{state}">'
             f'<span class="n">{r.number}</span><span class="dot ph-{_css(r.phase)}"></span>'

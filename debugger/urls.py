@@ -27,7 +27,11 @@ urlpatterns = [
     path("runs/<uuid:run_id>/steps/<int:number>/", views.run_detail, name="run-step"),
     path("runs/<uuid:run_id>/steps/<int:number>/diff/", views.step_diff, name="step-diff"),
     path("runs/<uuid:run_id>/steps/<int:number>/<at:at>/", views.snapshot, name="snapshot"),
-    path("runs/<uuid:run_id>/steps/<int:number>/<at:at>.json", views.snapshot_json, name="snapshot-json"),
+    path(
+        "runs/<uuid:run_id>/steps/<int:number>/<at:at>.json",
+        views.snapshot_json,
+        name="snapshot-json",
+    ),
     path("diff/", views.diff_any, name="diff"),
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit-csv"),

@@ -45,7 +45,11 @@ class HtmxHttpRequest(HttpRequest):
 
 def _fragment(request: HtmxHttpRequest, target: str) -> bool:
     """An htmx request for one fragment of a page (not a history restore)."""
-    return bool(request.htmx) and request.htmx.target == target and not request.htmx.history_restore_request
+    return (
+        bool(request.htmx)
+        and request.htmx.target == target
+        and not request.htmx.history_restore_request
+    )
 
 
 def _stop_polling_unless(active: bool, response: HttpResponse) -> HttpResponse:
@@ -64,13 +68,19 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
     form = RunFilterForm(request.GET)
     runs = form.filter(Run.objects.select_related("created_by"))
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
-    token = hashlib.sha256("|".join(f"{r.pk}:{r.updated_at.timestamp()}" for r in page).encode()
-                           ).hexdigest()[:16]
+    token = hashlib.sha256(
+        "|".join(f"{r.pk}:{r.updated_at.timestamp()}" for r in page).encode()
+    ).hexdigest()[:16]
     active = any(r.is_active for r in page)
     query = request.GET.copy()
     query["v"] = token
-    context = {"form": form, "page": page, "active": active,
-               "poll_url": f"{request.path}?{query.urlencode()}", **abilities(request)}
+    context = {
+        "form": form,
+        "page": page,
+        "active": active,
+        "poll_url": f"{request.path}?{query.urlencode()}",
+        **abilities(request),
+    }
     if _fragment(request, "run-rows"):
         if request.GET.get("v") == token and active:
             return HttpResponse(status=204)
@@ -111,7 +121,9 @@ def run_live(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     rows = timeline.rows(run)
     context = _run_context(request, run, rows)
     body = render_to_string("debugger/run_detail.html#live", context, request=request)
-    body += render_to_string("debugger/run_detail.html#steplist", {**context, "oob": True}, request=request)
+    body += render_to_string(
+        "debugger/run_detail.html#steplist", {**context, "oob": True}, request=request
+    )
     return _stop_polling_unless(run.is_active, HttpResponse(body))
 
 
@@ -144,7 +156,9 @@ def _step_context(run: Run, step: Step) -> dict[str, Any]:
 
 def _back(request: HttpRequest, run: Run) -> HttpResponse:
     target = request.POST.get("next", "")
-    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+    if target and url_has_allowed_host_and_scheme(
+        target, {request.get_host()}, request.is_secure()
+    ):
         return redirect(target)
     return redirect("debugger:run-detail", run_id=run.pk)
 
@@ -173,10 +187,19 @@ def decide(request: HttpRequest, run_id: Any) -> HttpResponse:
         return _back(request, run)
     data = form.cleaned_data
     try:
-        services.decide_approval(run, user=request.user, decision=data["decision"],
-                                 comment=data["comment"], resolution=data["resolution"] or None)
-        messages.success(request, "Approved: the run continues." if data["decision"] == "approve"
-                         else "Rejected: the run will fail at this call.")
+        services.decide_approval(
+            run,
+            user=request.user,
+            decision=data["decision"],
+            comment=data["comment"],
+            resolution=data["resolution"] or None,
+        )
+        messages.success(
+            request,
+            "Approved: the run continues."
+            if data["decision"] == "approve"
+            else "Rejected: the run will fail at this call.",
+        )
     except services.ActionError as exc:
         messages.error(request, f"No decision recorded: {exc}")
     return _back(request, run)
@@ -194,9 +217,18 @@ def _snapshot_context(run: Run, number: int, at: str) -> dict[str, Any]:
     snaps = {s.at: s for s in Snapshot.objects.filter(run=run, step=number).defer("data")}
     neighbours = Step.objects.filter(run=run)
     return {
-        "run": run, "step": step, "at": at, "snaps": snaps,
-        "prev": neighbours.filter(number__lt=number).order_by("-number").values_list("number", flat=True).first(),
-        "next": neighbours.filter(number__gt=number).order_by("number").values_list("number", flat=True).first(),
+        "run": run,
+        "step": step,
+        "at": at,
+        "snaps": snaps,
+        "prev": neighbours.filter(number__lt=number)
+        .order_by("-number")
+        .values_list("number", flat=True)
+        .first(),
+        "next": neighbours.filter(number__gt=number)
+        .order_by("number")
+        .values_list("number", flat=True)
+        .first(),
     }
 
 
@@ -212,12 +244,27 @@ def snapshot(request: HtmxHttpRequest, run_id: Any, number: int, at: str) -> Htt
         raise Http404("no such path in this snapshot") from None
     start = request.GET.get("from")
     base = reverse("debugger:snapshot", args=[run.pk, number, at])
-    tree = render_tree(value, TreeOptions(link=lambda p, lo: _subtree_url(base, p, lo)), path=path,
-                       start=int(start) if start and start.isdigit() else None,
-                       size=snap.size if not path else None)
-    context = {**_snapshot_context(run, number, at), "snap": snap, "tree": tree, "path": path,
-               "crumbs": _crumbs(base, path), "view": at, **abilities(request)}
-    template = "debugger/snapshot.html#pane" if _fragment(request, "snap-pane") else "debugger/snapshot.html"
+    tree = render_tree(
+        value,
+        TreeOptions(link=lambda p, lo: _subtree_url(base, p, lo)),
+        path=path,
+        start=int(start) if start and start.isdigit() else None,
+        size=snap.size if not path else None,
+    )
+    context = {
+        **_snapshot_context(run, number, at),
+        "snap": snap,
+        "tree": tree,
+        "path": path,
+        "crumbs": _crumbs(base, path),
+        "view": at,
+        **abilities(request),
+    }
+    template = (
+        "debugger/snapshot.html#pane"
+        if _fragment(request, "snap-pane")
+        else "debugger/snapshot.html"
+    )
     return render(request, template, context)
 
 
@@ -252,25 +299,38 @@ def step_diff(request: HtmxHttpRequest, run_id: Any, number: int) -> HttpRespons
     run = get_run_for(request, run_id)
     pre, post = _snapshot(run, number, "pre"), _snapshot(run, number, "post")
     result = _diff(pre, post)
-    context = {**_snapshot_context(run, number, "diff"), "diff": result, "a": pre, "b": post,
-               "a_ref": SnapshotRef(run.pk, number, "pre"), "b_ref": SnapshotRef(run.pk, number, "post"),
-               "view": "diff", **abilities(request)}
-    template = "debugger/diff.html#pane" if _fragment(request, "snap-pane") else "debugger/diff.html"
+    context = {
+        **_snapshot_context(run, number, "diff"),
+        "diff": result,
+        "a": pre,
+        "b": post,
+        "a_ref": SnapshotRef(run.pk, number, "pre"),
+        "b_ref": SnapshotRef(run.pk, number, "post"),
+        "view": "diff",
+        **abilities(request),
+    }
+    template = (
+        "debugger/diff.html#pane" if _fragment(request, "snap-pane") else "debugger/diff.html"
+    )
     return render(request, template, context)
 
 
 @role_required
 def diff_any(request: HtmxHttpRequest) -> HttpResponse:
     """Any two snapshots, of one run or of two: /diff/?a=<run>:<step>:<pre|post>&b=..."""
-    form = DiffForm(request.GET if ("a" in request.GET or "b" in request.GET) else None,
-                    initial={"a": request.GET.get("a", "")})
+    form = DiffForm(
+        request.GET if ("a" in request.GET or "b" in request.GET) else None,
+        initial={"a": request.GET.get("a", "")},
+    )
     context: dict[str, Any] = {"form": form, "view": "compare", **abilities(request)}
     if form.is_bound and form.is_valid():
         refs = form.cleaned_data["a"], form.cleaned_data["b"]
         a, b = (_snapshot(get_run_for(request, ref.run_id), ref.step, ref.at) for ref in refs)
         context.update(diff=_diff(a, b), a=a, b=b, a_ref=refs[0], b_ref=refs[1])
     status = 400 if form.is_bound and not form.is_valid() else 200
-    template = "debugger/diff.html#pane" if _fragment(request, "snap-pane") else "debugger/diff.html"
+    template = (
+        "debugger/diff.html#pane" if _fragment(request, "snap-pane") else "debugger/diff.html"
+    )
     return render(request, template, context, status=status)
 
 
@@ -300,10 +360,11 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @role_required
-def audit_csv(request: HttpRequest) -> HttpResponse:
+def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
     form = AuditFilterForm(request.GET)
-    response = StreamingHttpResponse(audit_log.csv_lines(form.actions(), form.calls()),
-                                     content_type="text/csv; charset=utf-8")
+    response = StreamingHttpResponse(
+        audit_log.csv_lines(form.actions(), form.calls()), content_type="text/csv; charset=utf-8"
+    )
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="agentrun-audit-{stamp}.csv"'
     return response

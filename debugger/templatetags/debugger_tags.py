@@ -73,7 +73,10 @@ def json_compact(value: Any, limit: int = 400) -> str:
 def json_pretty(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, indent=2, default=str)
     if len(text) > JSON_LIMIT:
-        return text[:JSON_LIMIT] + f"\n… ({len(text) - JSON_LIMIT:,} more characters; download the snapshot)"
+        return (
+            text[:JSON_LIMIT]
+            + f"\n… ({len(text) - JSON_LIMIT:,} more characters; download the snapshot)"
+        )
     return text
 
 

@@ -15,8 +15,15 @@
       el.classList.toggle("sel", el.getAttribute("data-n") === n);
     });
     if (scroll && n) {
-      var row = document.querySelector('#step-list [data-n="' + CSS.escape(n) + '"]');
-      if (row) row.scrollIntoView({ block: "nearest" });
+      // Scroll the list only, never the page.
+      var list = document.getElementById("step-list");
+      var row = list && list.querySelector('[data-n="' + CSS.escape(n) + '"]');
+      if (row) {
+        var top = row.offsetTop - list.offsetTop, bottom = top + row.offsetHeight;
+        if (top < list.scrollTop || bottom > list.scrollTop + list.clientHeight) {
+          list.scrollTop = top - list.clientHeight / 2;
+        }
+      }
     }
   }
 

@@ -25,8 +25,14 @@ from tests.base import PASSWORD
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "screenshots"
 
 # Every request the debugger's own pages may make. Anything else (another host, /api/...) fails.
@@ -41,7 +47,9 @@ def require_chromium() -> None:
         return
     if os.environ.get("CI") == "true":
         pytest.fail(f"{CHROMIUM} is missing and CI=true: install Debian's chromium package")
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium); set CI=true to make this a failure")
+    pytest.skip(
+        f"{CHROMIUM} is missing (apt-get install chromium); set CI=true to make this a failure"
+    )
 
 
 @dataclass
@@ -59,7 +67,9 @@ class Watch:
             parts = urlsplit(url)
             if url.startswith("data:"):
                 continue
-            if f"{parts.scheme}://{parts.netloc}" != self.origin or not ALLOWED_PATHS.match(parts.path):
+            if f"{parts.scheme}://{parts.netloc}" != self.origin or not ALLOWED_PATHS.match(
+                parts.path
+            ):
                 bad.append(url)
         return bad
 
@@ -81,7 +91,9 @@ def chromium() -> Iterator[Any]:
 
 
 @contextmanager
-def page_for(browser: Any, base_url: str, width: int = 1440, height: int = 900) -> Iterator[tuple[Any, Watch]]:
+def page_for(
+    browser: Any, base_url: str, width: int = 1440, height: int = 900
+) -> Iterator[tuple[Any, Watch]]:
     """A fresh context (no cookies) and page that records requests, dialogs and errors."""
     context = browser.new_context(viewport={"width": width, "height": height}, base_url=base_url)
     page = context.new_page()
@@ -138,4 +150,10 @@ INERT_CHECK = """() => {
 def assert_inert(page: Any) -> None:
     """Nothing from a run became markup: no inline script, handler, image, js: link or foreign hx- request."""
     found = page.evaluate(INERT_CHECK)
-    assert found == {"inline_scripts": 0, "images": 0, "handlers": [], "js_links": 0, "api_hx": []}, page.url
+    assert found == {
+        "inline_scripts": 0,
+        "images": 0,
+        "handlers": [],
+        "js_links": 0,
+        "api_hx": [],
+    }, page.url

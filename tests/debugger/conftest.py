@@ -30,4 +30,3 @@ HX = {"HTTP_HX_REQUEST": "true"}
 def hx(target: str) -> dict[str, str]:
     """Headers of an htmx request aimed at the element with this id."""
     return {**HX, "HTTP_HX_TARGET": target}
-

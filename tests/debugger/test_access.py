@@ -18,9 +18,18 @@ def run(people):
 def pages(run: Run) -> list[str]:
     r = run.pk
     return [
-        "/", f"/runs/{r}/", f"/runs/{r}/steps/3/", f"/runs/{r}/live/", f"/runs/{r}/steps/3/pre/",
-        f"/runs/{r}/steps/3/post/", f"/runs/{r}/steps/3/pre.json", f"/runs/{r}/steps/3/diff/",
-        f"/diff/?a={r}:1:pre&b={r}:3:post", "/diff/", "/audit/", "/audit/export.csv",
+        "/",
+        f"/runs/{r}/",
+        f"/runs/{r}/steps/3/",
+        f"/runs/{r}/live/",
+        f"/runs/{r}/steps/3/pre/",
+        f"/runs/{r}/steps/3/post/",
+        f"/runs/{r}/steps/3/pre.json",
+        f"/runs/{r}/steps/3/diff/",
+        f"/diff/?a={r}:1:pre&b={r}:3:post",
+        "/diff/",
+        "/audit/",
+        "/audit/export.csv",
     ]
 
 
@@ -103,10 +112,19 @@ def test_replay_from_here_is_a_disabled_placeholder_for_operators_only(client_fo
 def test_unknown_runs_steps_and_bad_ids_are_404(client_for, run):
     client = client_for("viewer")
     missing = "00000000-0000-4000-8000-000000000000"
-    for url in (f"/runs/{missing}/", f"/runs/{missing}/steps/1/", f"/runs/{run.pk}/steps/99/",
-                f"/runs/{run.pk}/steps/99/pre/", f"/runs/{run.pk}/steps/99/diff/", f"/runs/{missing}/live/",
-                "/runs/not-a-uuid/", "/runs/1234/steps/1/", f"/runs/{run.pk}/steps/1/sideways/",
-                f"/diff/?a={missing}:1:pre&b={run.pk}:1:post", f"/runs/{run.pk}/steps/3/pre/?path=nope.x"):
+    for url in (
+        f"/runs/{missing}/",
+        f"/runs/{missing}/steps/1/",
+        f"/runs/{run.pk}/steps/99/",
+        f"/runs/{run.pk}/steps/99/pre/",
+        f"/runs/{run.pk}/steps/99/diff/",
+        f"/runs/{missing}/live/",
+        "/runs/not-a-uuid/",
+        "/runs/1234/steps/1/",
+        f"/runs/{run.pk}/steps/1/sideways/",
+        f"/diff/?a={missing}:1:pre&b={run.pk}:1:post",
+        f"/runs/{run.pk}/steps/3/pre/?path=nope.x",
+    ):
         assert client.get(url).status_code == 404, url
 
 
@@ -115,4 +133,8 @@ def test_pages_send_a_content_security_policy(client_for, run):
     csp = response["Content-Security-Policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "unsafe-eval" not in csp
     html = response.content.decode()
-    assert '"selfRequestsOnly":true' in html and '"allowEval":false' in html and '"allowScriptTags":false' in html
+    assert (
+        '"selfRequestsOnly":true' in html
+        and '"allowEval":false' in html
+        and '"allowScriptTags":false' in html
+    )

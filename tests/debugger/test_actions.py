@@ -13,7 +13,9 @@ pytestmark = pytest.mark.django_db
 
 def test_an_operator_cancels_with_a_reason(client_for, people):
     run = runs.queued_run(people["operator"])
-    response = client_for("operator").post(f"/runs/{run.pk}/cancel/", {"reason": "duplicate"}, follow=True)
+    response = client_for("operator").post(
+        f"/runs/{run.pk}/cancel/", {"reason": "duplicate"}, follow=True
+    )
     assert response.redirect_chain == [(f"/runs/{run.pk}/", 302)]
     assert b"Run cancelled" in response.content
     assert Run.objects.get(pk=run.pk).status == "cancelled"
@@ -42,7 +44,9 @@ def test_an_operator_approves_and_the_run_goes_on(client_for, people):
 
 def test_an_operator_rejects_and_the_run_fails(client_for, people):
     run = runs.waiting_run(people["operator"])
-    client_for("operator").post(f"/runs/{run.pk}/approval/", {"decision": "reject", "comment": "too much"})
+    client_for("operator").post(
+        f"/runs/{run.pk}/approval/", {"decision": "reject", "comment": "too much"}
+    )
     assert drive(run).status == "failed"
     assert Event.objects.get(run=run, kind="rejected").reason == "too much"
 
@@ -59,5 +63,7 @@ def test_a_bad_decision_or_a_run_not_waiting_changes_nothing(client_for, people)
 
 def test_next_must_stay_on_this_site(client_for, people):
     run = runs.queued_run(people["operator"])
-    response = client_for("operator").post(f"/runs/{run.pk}/cancel/", {"next": "https://evil.example/"})
+    response = client_for("operator").post(
+        f"/runs/{run.pk}/cancel/", {"next": "https://evil.example/"}
+    )
     assert response["Location"] == f"/runs/{run.pk}/"

@@ -27,7 +27,7 @@ def history(people):
     services.decide_approval(waiting, user=ada, decision="approve", comment="checked the invoice")
     drive(waiting)
     queued = runs.queued_run(olga)
-    services.cancel_run(queued, user=olga, reason="=HYPERLINK(\"http://evil\")")
+    services.cancel_run(queued, user=olga, reason='=HYPERLINK("http://evil")')
     return {"done": done, "failed": failed, "waiting": waiting, "queued": queued}
 
 
@@ -50,7 +50,9 @@ def test_it_filters_by_user_tool_kind_run_and_date(client_for, history):
 
     def kinds(query):
         r = client.get(f"/audit/?{query}")
-        return sorted(e.kind for e in r.context["actions"]), sorted(c.tool for c in r.context["calls"])
+        return sorted(e.kind for e in r.context["actions"]), sorted(
+            c.tool for c in r.context["calls"]
+        )
 
     actions, calls = kinds("user=ada")
     assert actions == ["approved", "run_created"]
@@ -71,17 +73,27 @@ def test_the_csv_export_has_every_record_and_neutralises_formulas(client_for, hi
     assert response["Content-Type"].startswith("text/csv")
     assert response["Content-Disposition"].startswith('attachment; filename="agentrun-audit-')
     rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
-    assert len(rows) == Event.objects.filter(user__isnull=False).count() + ToolCall.objects.filter(
-        kind__in=("write", "hybrid")).count()
+    assert (
+        len(rows)
+        == Event.objects.filter(user__isnull=False).count()
+        + ToolCall.objects.filter(kind__in=("write", "hybrid")).count()
+    )
     stamps = [r["at"] for r in rows]
     assert stamps == sorted(stamps, reverse=True)
     cancel = next(r for r in rows if r["action"] == "run_cancelled")
     assert cancel["actor"] == "olga" and cancel["reason"].startswith("'=HYPERLINK")
-    approved = next(r for r in rows if r["record"] == "tool_call" and r["tool"] == "ledger_write"
-                    and r["run"] == str(history["waiting"].pk))
+    approved = next(
+        r
+        for r in rows
+        if r["record"] == "tool_call"
+        and r["tool"] == "ledger_write"
+        and r["run"] == str(history["waiting"].pk)
+    )
     assert approved["actor"] == "ada" and approved["status"] == "ok"
     assert approved["idempotency_key"].startswith(f"{history['waiting'].pk}:2:0:ledger_write:")
-    reserve = next(r for r in rows if r["tool"] == "reserve" and r["run"] == str(history["failed"].pk))
+    reserve = next(
+        r for r in rows if r["tool"] == "reserve" and r["run"] == str(history["failed"].pk)
+    )
     assert reserve["status"] == "compensated" and reserve["compensation"] == "ok"
 
 

@@ -20,12 +20,16 @@ def browser():
         yield b
 
 
-def test_an_operator_walks_from_login_to_a_step_its_snapshots_its_diff_and_the_audit(live_server, browser):
+def test_an_operator_walks_from_login_to_a_step_its_snapshots_its_diff_and_the_audit(
+    live_server, browser
+):
     people = make_people()
     olga = people["operator"]
     run = runs.walkthrough_run(olga)
     assert run.status == "succeeded" and run.steps.count() == 8
-    retry = runs.walkthrough_run(olga, evidence="signed delivery note", goal="Refund order 1042, second try")
+    retry = runs.walkthrough_run(
+        olga, evidence="signed delivery note", goal="Refund order 1042, second try"
+    )
     runs.failing_run(olga)
     waiting = runs.waiting_run(olga)
     queued = runs.queued_run(olga)
@@ -146,8 +150,9 @@ def test_a_viewer_sees_no_mutating_buttons_and_is_refused_when_posting_anyway(li
 
         token = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
         for action, data in (("approval", {"decision": "approve"}), ("cancel", {"reason": "x"})):
-            response = page.request.post(f"/runs/{waiting.pk}/{action}/", form=data,
-                                         headers={"X-CSRFToken": token})
+            response = page.request.post(
+                f"/runs/{waiting.pk}/{action}/", form=data, headers={"X-CSRFToken": token}
+            )
             assert response.status == 403, action
 
     waiting.refresh_from_db()

@@ -18,7 +18,10 @@ def test_a_step_diff_shows_what_the_step_changed(client_for, people):
     html = response.content.decode()
     assert "What step 6 changed" in html
     assert 'class="chg chg-appended"' in html and "3 appended" in html
-    assert f'href="/runs/{run.pk}/steps/5/diff/"' in html and f'href="/runs/{run.pk}/steps/7/diff/"' in html
+    assert (
+        f'href="/runs/{run.pk}/steps/5/diff/"' in html
+        and f'href="/runs/{run.pk}/steps/7/diff/"' in html
+    )
 
 
 def test_two_runs_compare_at_any_snapshots_with_an_inline_text_diff(client_for, people):
@@ -56,5 +59,9 @@ def test_the_compare_page_starts_empty_with_a_form(client_for, people):
 
 def test_htmx_gets_only_the_pane(client_for, people):
     run = runs.walkthrough_run(people["operator"])
-    body = client_for("viewer").get(f"/runs/{run.pk}/steps/2/diff/", **hx("snap-pane")).content.decode()
+    body = (
+        client_for("viewer")
+        .get(f"/runs/{run.pk}/steps/2/diff/", **hx("snap-pane"))
+        .content.decode()
+    )
     assert "<html" not in body and '<ol class="diff" hx-disable>' in body

@@ -20,9 +20,13 @@ def test_added_removed_and_changed_keys_with_old_and_new_values():
     old = {"memory": {"notes": {"a": 1, "b": 2}}, "phase": "planning"}
     new = {"memory": {"notes": {"a": 1, "c": 3, "d": 4, "e": 5}}, "phase": "executing"}
     diff = diff_states(old, new)
-    assert sorted(ops(diff)) == [("added", "memory.notes.c"), ("added", "memory.notes.d"),
-                                 ("added", "memory.notes.e"), ("changed", "phase"),
-                                 ("removed", "memory.notes.b")]
+    assert sorted(ops(diff)) == [
+        ("added", "memory.notes.c"),
+        ("added", "memory.notes.d"),
+        ("added", "memory.notes.e"),
+        ("changed", "phase"),
+        ("removed", "memory.notes.b"),
+    ]
     phase = next(c for c in diff.changes if c.op == "changed")
     assert (phase.old, phase.new) == ("planning", "executing")
     assert diff.summary == "3 added, 1 removed, 1 changed across memory, phase"
@@ -36,8 +40,13 @@ def test_the_summary_names_the_common_place():
 
 def test_list_appends_are_appended_items_not_a_rewritten_list():
     old = {"history": [{"role": "user", "content": "hi"}]}
-    new = {"history": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"},
-                       {"role": "tool", "content": "b"}]}
+    new = {
+        "history": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "a"},
+            {"role": "tool", "content": "b"},
+        ]
+    }
     diff = diff_states(old, new)
     [change] = diff.changes
     assert (change.op, change.path_text, change.index) == ("appended", "history", 1)
@@ -61,12 +70,18 @@ def test_a_changed_item_in_a_shifted_list_is_found_at_its_place():
     diff = diff_states(old, new)
     # The old value is read from the old list, where "d" sat one place earlier.
     assert [(c.op, c.path_text, c.old, c.new) for c in diff.changes] == [
-        ("inserted", "history", MISSING, MISSING), ("changed", "history[4].c", "d", "D!")]
+        ("inserted", "history", MISSING, MISSING),
+        ("changed", "history[4].c", "d", "D!"),
+    ]
 
 
 def test_a_type_change_is_reported_as_such():
     [change] = diff_states({"final_answer": None}, {"final_answer": "done"}).changes
-    assert change.type_changed and change.old_preview.kind == "null" and change.new_preview.kind == "string"
+    assert (
+        change.type_changed
+        and change.old_preview.kind == "null"
+        and change.new_preview.kind == "string"
+    )
 
 
 def test_long_strings_get_an_inline_word_diff():

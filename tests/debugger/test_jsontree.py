@@ -19,8 +19,16 @@ def opts(**kw):
     return TreeOptions(link=lambda path, start: f"/t?path={format_path(path)}&from={start}", **kw)
 
 
-@pytest.mark.parametrize("path", [(), ("a",), ("memory", "notes", "a b"), ("history", 3, "content"),
-                                  ("x", 0, 1, "é", '"quoted"', "with.dot")])
+@pytest.mark.parametrize(
+    "path",
+    [
+        (),
+        ("a",),
+        ("memory", "notes", "a b"),
+        ("history", 3, "content"),
+        ("x", 0, 1, "é", '"quoted"', "with.dot"),
+    ],
+)
 def test_paths_print_and_parse_back(path):
     assert parse_path(format_path(path)) == path
 
@@ -43,7 +51,7 @@ def test_resolve():
 
 
 def test_everything_is_escaped():
-    hostile = '<script>alert(1)</script>'
+    hostile = "<script>alert(1)</script>"
     html = render_tree({hostile: hostile, "list": [hostile], '"><img src=x>': 1}, opts())
     assert "<script>" not in html and "<img" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
@@ -51,8 +59,18 @@ def test_everything_is_escaped():
 
 
 def test_types_and_sizes_are_shown():
-    html = render_tree({"n": 1, "f": 1.5, "b": True, "z": None, "s": "hi", "l": [1, 2], "o": {"k": "v"}}, opts())
-    for meta in ("integer", "number", "boolean", "null", "string · 2 chars", "array · 2 items", "object · 1 key"):
+    html = render_tree(
+        {"n": 1, "f": 1.5, "b": True, "z": None, "s": "hi", "l": [1, 2], "o": {"k": "v"}}, opts()
+    )
+    for meta in (
+        "integer",
+        "number",
+        "boolean",
+        "null",
+        "string · 2 chars",
+        "array · 2 items",
+        "object · 1 key",
+    ):
         assert meta in html
 
 
@@ -77,4 +95,7 @@ def test_long_lists_show_the_newest_items_first():
 
 
 def test_peek_shows_the_first_fields_of_a_collapsed_container():
-    assert peek({"role": "user", "content": "hello", "x": [1]}) == 'role: "user", content: "hello", x: […]'
+    assert (
+        peek({"role": "user", "content": "hello", "x": [1]})
+        == 'role: "user", content: "hello", x: […]'
+    )

@@ -36,7 +36,9 @@ def test_the_strip_has_one_cell_per_step_marking_failed_and_selected_ones(client
     assert "warehouse API returned 503" in html and "Traceback" in html
 
 
-def test_a_waiting_run_opens_at_the_waiting_step_with_the_call_awaiting_approval(client_for, people):
+def test_a_waiting_run_opens_at_the_waiting_step_with_the_call_awaiting_approval(
+    client_for, people
+):
     run = runs.waiting_run(people["operator"])
     response = client_for("operator").get(f"/runs/{run.pk}/")
     assert response.context["selected"] == 2
@@ -68,8 +70,12 @@ def test_htmx_gets_only_the_step_body(client_for, people):
     # A finished step in a finished run doesn't poll.
     assert "hx-trigger" not in body.split(">", 1)[0]
     # ...and a history restore gets the whole page.
-    restore = client_for("viewer").get(f"/runs/{run.pk}/steps/3/", HTTP_HX_REQUEST="true",
-                                       HTTP_HX_HISTORY_RESTORE_REQUEST="true", HTTP_HX_TARGET="step-body")
+    restore = client_for("viewer").get(
+        f"/runs/{run.pk}/steps/3/",
+        HTTP_HX_REQUEST="true",
+        HTTP_HX_HISTORY_RESTORE_REQUEST="true",
+        HTTP_HX_TARGET="step-body",
+    )
     assert b"<html" in restore.content
 
 
@@ -79,9 +85,21 @@ def test_tool_call_attempts_show_their_errors_and_backoff(client_for, people):
     run = runs.walkthrough_run(people["operator"])
     call = ToolCall.objects.get(run=run, step__number=4)
     call.attempts = [
-        {"at": "2026-01-01T10:00:00+00:00", "started": True, "ended": True, "duration_ms": 12.0,
-         "error": "TransientToolError: timeout", "backoff_s": 0.4},
-        {"at": "2026-01-01T10:00:01+00:00", "started": True, "ended": True, "duration_ms": 3.0, "error": None},
+        {
+            "at": "2026-01-01T10:00:00+00:00",
+            "started": True,
+            "ended": True,
+            "duration_ms": 12.0,
+            "error": "TransientToolError: timeout",
+            "backoff_s": 0.4,
+        },
+        {
+            "at": "2026-01-01T10:00:01+00:00",
+            "started": True,
+            "ended": True,
+            "duration_ms": 3.0,
+            "error": None,
+        },
     ]
     call.save()
     html = client_for("viewer").get(f"/runs/{run.pk}/steps/4/").content.decode()

@@ -34,7 +34,9 @@ def test_it_lists_runs_newest_first_with_status_agent_steps_and_phase(client_for
     response = client_for("viewer").get("/")
     assert [r.pk for r in response.context["page"]] == [queued.pk, failed.pk, done.pk]
     html = response.content.decode()
-    assert str(done.pk)[:8] in html and "succeeded" in html and "failed" in html and "queued" in html
+    assert (
+        str(done.pk)[:8] in html and "succeeded" in html and "failed" in html and "queued" in html
+    )
     assert "Refund order 1042" in html
     assert 'class="phase ph-done"' in html
 
@@ -85,7 +87,10 @@ def test_it_marks_forks_with_a_link_to_the_parent(client_for, people):
     child = runs.queued_run(people["operator"])
     Run.objects.filter(pk=child.pk).update(parent=parent, mode="sandbox")
     html = client_for("viewer").get("/").content.decode()
-    assert f'href="/runs/{parent.pk}/" title="Forked from run {parent.pk}">fork of {str(parent.pk)[:8]}' in html
+    assert (
+        f'href="/runs/{parent.pk}/" title="Forked from run {parent.pk}">fork of {str(parent.pk)[:8]}'
+        in html
+    )
 
 
 def test_htmx_polls_get_only_the_rows_and_nothing_when_unchanged(client_for, three):

@@ -61,7 +61,9 @@ def test_the_download_is_the_exact_state_as_json(client_for, run):
     response = client_for("viewer").get(f"/runs/{run.pk}/steps/6/post.json")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("application/json")
-    assert response["Content-Disposition"] == f'attachment; filename="run-{run.pk}-step-6-post.json"'
+    assert (
+        response["Content-Disposition"] == f'attachment; filename="run-{run.pk}-step-6-post.json"'
+    )
     assert json.loads(response.content) == snapshots.load(run.pk, 6, "post")
 
 

@@ -13,7 +13,14 @@ from tests.debugger.conftest import hx
 pytestmark = pytest.mark.django_db
 
 # Each payload starts with "<" (or "</"): found verbatim, it would be markup.
-RAW = [*runs.XSS.values(), "<script>alert", "<img src=x", '<a href="javascript:', "<button hx-on", '<div hx-get="/api']
+RAW = [
+    *runs.XSS.values(),
+    "<script>alert",
+    "<img src=x",
+    '<a href="javascript:',
+    "<button hx-on",
+    '<div hx-get="/api',
+]
 
 
 def test_no_payload_reaches_the_html_unescaped(client_for, people):
@@ -21,12 +28,24 @@ def test_no_payload_reaches_the_html_unescaped(client_for, people):
     runs.hostile_actions(people["operator"])
     client = client_for("operator")
     r = run.pk
-    urls = [("/", None), ("/", "run-rows"), (f"/runs/{r}/", None), (f"/runs/{r}/live/", "run-live"),
-            ("/audit/", None), ("/audit/", "audit-actions"), (f"/diff/?a={r}:1:pre&b={r}:4:post", None)]
+    urls = [
+        ("/", None),
+        ("/", "run-rows"),
+        (f"/runs/{r}/", None),
+        (f"/runs/{r}/live/", "run-live"),
+        ("/audit/", None),
+        ("/audit/", "audit-actions"),
+        (f"/diff/?a={r}:1:pre&b={r}:4:post", None),
+    ]
     for n in range(1, 5):
-        urls += [(f"/runs/{r}/steps/{n}/", None), (f"/runs/{r}/steps/{n}/", "step-body"),
-                 (f"/runs/{r}/steps/{n}/pre/", None), (f"/runs/{r}/steps/{n}/post/", "snap-pane"),
-                 (f"/runs/{r}/steps/{n}/diff/", None), (f"/runs/{r}/steps/{n}/diff/", "snap-pane")]
+        urls += [
+            (f"/runs/{r}/steps/{n}/", None),
+            (f"/runs/{r}/steps/{n}/", "step-body"),
+            (f"/runs/{r}/steps/{n}/pre/", None),
+            (f"/runs/{r}/steps/{n}/post/", "snap-pane"),
+            (f"/runs/{r}/steps/{n}/diff/", None),
+            (f"/runs/{r}/steps/{n}/diff/", "snap-pane"),
+        ]
     for url, target in urls:
         response = client.get(url, **(hx(target) if target else {}))
         assert response.status_code in (200, 286), url
@@ -53,5 +72,9 @@ def test_containers_of_untrusted_content_disable_htmx(client_for, people):
     html = client_for("viewer").get(f"/runs/{run.pk}/steps/1/").content.decode()
     assert '<span class="thought" hx-disable>' in html
     assert '<dl class="kv" hx-disable>' in html
-    pane = client_for("viewer").get(f"/runs/{run.pk}/steps/1/post/", **hx("snap-pane")).content.decode()
+    pane = (
+        client_for("viewer")
+        .get(f"/runs/{run.pk}/steps/1/post/", **hx("snap-pane"))
+        .content.decode()
+    )
     assert '<div class="tree-wrap" hx-disable>' in pane
