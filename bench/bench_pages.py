@@ -1,8 +1,9 @@
 """How fast the debugger's pages render for a big run. Run by hand, not by pytest:
 
     AGENTRUN_VAR_DIR=/tmp/ar-bench .venv/bin/python bench/bench_pages.py
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/ar_bench .venv/bin/python bench/bench_pages.py
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/ar_dash_bench .venv/bin/python bench/bench_pages.py
 
+Give it a database of its own: it migrates it and adds runs of agent "bench".
 It inserts a 1,000-step run straight through the snapshot store (the shared
 workload's "grow" variant: the state reaches 2.5 MB), then times, server-side
 through Django's test client, the run detail page, one step's body, a snapshot

@@ -30,7 +30,8 @@ from agentrun.models import (
 )
 from debugger import charts
 
-THOUGHT_CHARS = 90
+THOUGHT_CHARS = 64  # the list shows about 30; the rest is for wide screens
+DENSE_STRIP = 60
 WAITING_CALLS = (ToolCallStatus.AWAITING_APPROVAL, ToolCallStatus.IN_DOUBT)
 
 
@@ -265,11 +266,13 @@ def _css(value: str) -> str:
 def strip_html(rows: list[Row], step_url: str, selected: int | None) -> SafeString:
     """One <a class="cell"> per step, coloured by phase, marked failed/waiting/retried."""
     parts = []
+    dense = len(rows) > DENSE_STRIP  # cells too narrow for their number
     for r in rows:
         sel = " sel" if r.number == selected else ""
+        label = "" if dense else f"<span>{r.number}</span>"
         parts.append(
             f'<a href="{step_url}{r.number}/" data-n="{r.number}" class="cell {_step_classes(r)}{sel}" '
-            f'title="{escape(r.title)}"><span>{r.number}</span></a>'
+            f'title="{escape(r.title)}">{label}</a>'
         )
     return mark_safe("".join(parts))  # noqa: S308 - escaped above
 

@@ -132,6 +132,7 @@ def _run_context(request: HttpRequest, run: Run, rows: list[timeline.Row]) -> di
     return {
         "run": run,
         "timeline": rows,
+        "dense": len(rows) > timeline.DENSE_STRIP,
         "stats": timeline.stats(run),
         "elapsed": timeline.elapsed(run),
         "lineage": run.lineage() if run.parent_id else [],

@@ -159,3 +159,42 @@ def test_a_viewer_sees_no_mutating_buttons_and_is_refused_when_posting_anyway(li
     assert waiting.status == "waiting"
     assert not Event.objects.filter(user=people["viewer"]).exists()
     assert watch.dialogs == []
+
+
+def test_the_run_page_follows_a_run_live_and_stops_polling_when_it_finishes(live_server, browser):
+    from agentrun import engine
+    from tests.base import calls, final, make_run, script
+
+    people = make_people()
+    run = make_run(
+        script(
+            calls({"tool": "echo", "args": {"n": 1}}, thought="first"),
+            calls({"tool": "echo", "args": {"n": 2}}, thought="second"),
+            final("all done"),
+            goal="Watch me run",
+        ),
+        user=people["operator"],
+    )
+
+    with page_for(browser, live_server.url) as (page, watch):
+        login(page, "victor")
+        page.goto(f"/runs/{run.pk}/")
+        assert "No steps yet" in page.inner_text("#run-live")
+        assert page.locator(".live-dot").count() == 1
+
+        engine.execute_step(run.pk, 1)
+        page.wait_for_selector("#strip .cell[data-n='1']", timeout=8000)
+        assert "first" in page.inner_text("#step-list")
+
+        engine.execute_step(run.pk, 2)
+        engine.execute_step(run.pk, 3)
+        page.wait_for_selector(".runhead .badge.st-succeeded", timeout=8000)
+        assert page.locator("#strip .cell").count() == 3
+        assert page.locator(".live-dot").count() == 0
+        shot(page, "12-live-run-finished")
+
+        polls = sum("/live/" in url for url in watch.requests)
+        page.wait_for_timeout(4500)
+        assert sum("/live/" in url for url in watch.requests) == polls  # finished: no more polling
+
+    assert watch.dialogs == [] and watch.unexpected_requests() == [] and watch.errors == []
