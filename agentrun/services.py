@@ -200,10 +200,10 @@ def fork_run(
 
     if isinstance(step, bool) or not isinstance(step, int):
         raise ForkError("step must be an integer", "step")
-    if not 0 <= step < 2**30:  # snapshot positions (2 * step) are 32-bit
-        raise ForkError(f"run has no step {step}", "step")
     if at not in ("pre", "post"):
         raise ForkError('at must be "pre" or "post"', "at")
+    if not 0 <= step < 2**30:  # snapshot positions (2 * step) are 32-bit
+        raise ForkError(f"run has no {at} snapshot of step {step}", "step")
     if mode not in FORK_MODES:
         raise ForkError(f"mode must be one of {', '.join(FORK_MODES)}", "mode")
     if not isinstance(reason, str):

@@ -1,6 +1,7 @@
 """A worker that dies mid-step loses nothing and repeats nothing."""
 
 import signal
+import time
 
 import pytest
 
@@ -44,10 +45,9 @@ def test_it_resumes_after_the_worker_is_killed_mid_step(start_worker):
         )
     )
     first = start_worker(beat=True)
-    wait_until(
-        lambda: ToolCall.objects.filter(run=run, tool="sleep").exclude(attempts=[]).exists(),
-        what="step 2 to start sleeping",
-    )
+    # The sleep call is recorded with step 2's decision, just before it runs for 3 s.
+    wait_until(lambda: ToolCall.objects.filter(run=run, tool="sleep").exists(), what="step 2")
+    time.sleep(0.5)
     first.signal(signal.SIGKILL)
     first.proc.wait(timeout=10)
 
