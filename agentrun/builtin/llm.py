@@ -32,10 +32,9 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import openai
 from django.conf import settings
 
 from agentrun.agents import (
@@ -50,6 +49,9 @@ from agentrun.agents import (
 from agentrun.redact import REDACTED, redact
 from agentrun.state import AgentState, history_to_messages, message_tokens, truncate_history
 from agentrun.tools import REGISTRY, get_tool
+
+if TYPE_CHECKING:
+    import openai
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,8 @@ def _http_client() -> Any:
 
     Re-created after a fork: a Celery prefork child must not share its parent's sockets.
     """
+    import openai  # imported on first use: it costs ~1.4 s at every process start
+
     global _HTTP
     with _HTTP_LOCK:
         if _HTTP is None or _HTTP[0] != os.getpid() or _HTTP[1].is_closed:
@@ -271,6 +275,8 @@ class LLMAgent(StateAgent):
         kwargs: dict[str, Any] = {"model": model, "messages": messages}
         if tools:
             kwargs["tools"] = tools
+        import openai
+
         started = time.perf_counter()
         try:
             # A client per call holds the key only for this call; the connection
@@ -455,6 +461,8 @@ def _provider_error(
     Only the status, the response body and the request id are kept: never the
     request (its headers carry the key).
     """
+    import openai
+
     model, base = where["model"], where["base_url"]
     detail: dict[str, Any] = {**where, "provider_error": type(exc).__name__}
     if isinstance(exc, openai.APIStatusError):
