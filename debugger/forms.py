@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from typing import Any, cast
 from uuid import UUID
 
@@ -184,3 +185,69 @@ class DiffForm(forms.Form):
 
     def clean_b(self) -> SnapshotRef:
         return self._ref("b")
+
+
+# --- forks ------------------------------------------------------------------------------
+
+#: (value, name, what it does): the replay modes of DESIGN section 6, in words.
+FORK_MODES = (
+    (
+        "sandbox",
+        "Sandbox",
+        "The LLM and read tools run; write and hybrid tools are never executed (recorded as skipped).",
+    ),
+    (
+        "recorded",
+        "Recorded",
+        "Reuses the parent's decisions and tool results while the state matches, "
+        "marks the first divergence, then goes on in sandbox.",
+    ),
+    (
+        "live",
+        "Live",
+        "Everything runs for real, write and hybrid tools too, with the fork's own idempotency keys.",
+    ),
+)
+
+
+class ForkForm(forms.Form):
+    mode = forms.ChoiceField(
+        choices=[(value, name) for value, name, _ in FORK_MODES],
+        initial="sandbox",
+        error_messages={
+            "required": "Choose a replay mode.",
+            "invalid_choice": "Choose sandbox, recorded or live (not %(value)s).",
+        },
+    )
+    reason = forms.CharField(required=False, max_length=2000)
+    state = forms.CharField(
+        strip=False,
+        error_messages={
+            "required": "The state can't be empty: leave the snapshot's state as it is "
+            "to replay it unchanged."
+        },
+    )
+    confirm_live = forms.BooleanField(required=False)
+
+    def clean_state(self) -> Any:
+        return parse_json(self.cleaned_data["state"])
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in JSON")
+
+
+def parse_json(text: str) -> Any:
+    """The value of JSON text; a ValidationError names the line and column of a mistake."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise forms.ValidationError(
+            "Invalid JSON at line %(line)s, column %(column)s: %(problem)s.",
+            code="json",
+            params={"line": exc.lineno, "column": exc.colno, "problem": exc.msg},
+        ) from None
+    except ValueError as exc:
+        raise forms.ValidationError(f"Invalid JSON: {exc}.", code="json") from None
+    except RecursionError:
+        raise forms.ValidationError("Invalid JSON: nested too deeply.", code="json") from None

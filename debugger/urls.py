@@ -24,9 +24,11 @@ urlpatterns = [
     path("runs/<uuid:run_id>/live/", views.run_live, name="run-live"),
     path("runs/<uuid:run_id>/cancel/", views.cancel_run, name="run-cancel"),
     path("runs/<uuid:run_id>/approval/", views.decide, name="run-approval"),
+    path("runs/<uuid:run_id>/compare/", views.compare_runs, name="run-compare"),
     path("runs/<uuid:run_id>/steps/<int:number>/", views.run_detail, name="run-step"),
     path("runs/<uuid:run_id>/steps/<int:number>/diff/", views.step_diff, name="step-diff"),
     path("runs/<uuid:run_id>/steps/<int:number>/<at:at>/", views.snapshot, name="snapshot"),
+    path("runs/<uuid:run_id>/steps/<int:number>/<at:at>/fork/", views.fork, name="run-fork"),
     path(
         "runs/<uuid:run_id>/steps/<int:number>/<at:at>.json",
         views.snapshot_json,

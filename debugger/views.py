@@ -12,17 +12,27 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_htmx.middleware import HtmxDetails
 
 from agentrun import services
+from agentrun.agents import InvalidInput, get_agent
+from agentrun.delta import state_hash
 from agentrun.models import Run, Snapshot, Step
 from debugger import audit as audit_log
-from debugger import charts, timeline
+from debugger import charts, compare, forks, timeline
 from debugger.access import abilities, get_run_for, role_required
-from debugger.diffs import SnapshotRef, diff_states
-from debugger.forms import ApprovalForm, AuditFilterForm, CancelForm, DiffForm, RunFilterForm
+from debugger.diffs import SnapshotRef, StateDiff, diff_states
+from debugger.forms import (
+    FORK_MODES,
+    ApprovalForm,
+    AuditFilterForm,
+    CancelForm,
+    DiffForm,
+    ForkForm,
+    RunFilterForm,
+)
 from debugger.jsontree import (
     Path,
     PathError,
@@ -129,14 +139,16 @@ def run_live(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
 
 def _run_context(request: HttpRequest, run: Run, rows: list[timeline.Row]) -> dict[str, Any]:
     points = timeline.chart_points(rows)
+    lineage = forks.lineage(run)
     return {
         "run": run,
         "timeline": rows,
         "dense": len(rows) > timeline.DENSE_STRIP,
         "stats": timeline.stats(run),
         "elapsed": timeline.elapsed(run),
-        "lineage": run.lineage() if run.parent_id else [],
-        "forks": list(run.forks.order_by("created_at")[:50]),
+        "lineage": lineage,
+        "fork_tree": forks.tree(run),
+        "fork_event": forks.fork_event(run),
         "waiting_call": timeline.waiting_call(run),
         "duration_chart": charts.duration_bars(points),
         "size_chart": charts.size_line(points),
@@ -340,6 +352,185 @@ def _diff(a: Snapshot, b: Snapshot) -> Any:
         return diff_states({}, {}, a.size, b.size)
     old, new = load_states([a, b])
     return diff_states(old, new, a.size, b.size)
+
+
+# --- forks: replay from a snapshot, compare a fork with its parent ------------------------
+
+# Which form field a services.ForkError is about; the rest are about the fork point.
+FORK_ERROR_FIELDS = {
+    "mode": "mode",
+    "reason": "reason",
+    "state": "state",
+    "confirm_live": "confirm_live",
+}
+
+
+@role_required
+@require_http_methods(["GET", "POST"])
+def fork(request: HttpRequest, run_id: Any, number: int, at: str) -> HttpResponse:
+    run = get_run_for(request, run_id, "operate")
+    source = Snapshot.objects.filter(run=run, step=number, at=at).defer("data").first()
+    if request.method == "GET":
+        if source is None:
+            raise Http404("no such snapshot")
+        return _fork_page(request, run, number, at, source, None, None)
+    data = request.POST.copy()
+    if source is not None and "state" not in data and data.get("state_unchanged") == "1":
+        # The page's script leaves an untouched state out (a big one would exceed the
+        # upload limit): the snapshot's own state it is.
+        [state] = load_states([source])
+        data["state"] = forks.state_text(state)
+    form = ForkForm(data)
+    edited = None
+    if form.is_valid():
+        edited = form.cleaned_data["state"]
+        if source is not None and state_hash(edited) == source.hash:
+            edited = None  # reformatted at most: replay the snapshot as it is
+        if "preview" in request.POST:
+            _check_state(run, edited, form)
+        else:
+            created = _start_fork(request, run, number, at, edited, form)
+            if created is not None:
+                return redirect("debugger:run-detail", run_id=created.pk)
+    status = 400 if form.errors else 200
+    return _fork_page(request, run, number, at, source, form, edited, status)
+
+
+def _start_fork(
+    request: HttpRequest, run: Run, number: int, at: str, state: Any, form: ForkForm
+) -> Run | None:
+    data = form.cleaned_data
+    try:
+        created = services.fork_run(
+            run,
+            step=number,
+            at=at,
+            state=state,
+            mode=data["mode"],
+            reason=data["reason"],
+            user=request.user,
+            confirm_live=data["confirm_live"],
+        )
+    except services.ForkError as exc:
+        form.add_error(FORK_ERROR_FIELDS.get(exc.field), str(exc))
+        return None
+    except InvalidInput as exc:  # the parent's agent is not registered in this deployment
+        form.add_error(None, f"Can't fork this run: {exc}")
+        return None
+    edits = " with an edited state" if state is not None else ""
+    messages.success(request, f"Forked from step {number} ({at}){edits} in {data['mode']} mode.")
+    return created
+
+
+def _check_state(run: Run, state: Any, form: ForkForm) -> None:
+    """Preview: the schema check fork_run would make, without forking."""
+    if state is None:
+        return
+    try:
+        get_agent(run.agent).validate_state(state)
+    except (ValueError, InvalidInput) as exc:
+        form.add_error("state", f"state: {exc}")
+
+
+def _fork_page(
+    request: HttpRequest,
+    run: Run,
+    number: int,
+    at: str,
+    source: Snapshot | None,
+    form: ForkForm | None,
+    edited: Any,
+    status: int = 200,
+) -> HttpResponse:
+    """The form: a new one prefilled with the snapshot's state, or a posted one."""
+    changes: StateDiff | None = None
+    if form is None and source is not None:
+        [state] = load_states([source])
+        form = ForkForm(initial={"mode": "sandbox", "state": forks.state_text(state)})
+    elif source is not None and edited is not None:
+        [original] = load_states([source])
+        changes = diff_states(original, edited, source.size)
+    assert form is not None  # a GET without a snapshot is a 404 before this
+    mode = form["mode"].value() or "sandbox"
+    context = {
+        "run": run,
+        "number": number,
+        "at": at,
+        "source": source,
+        "step": Step.objects.filter(run=run, number=number).first(),
+        "first_step": number if at == "pre" else number + 1,
+        "form": form,
+        "modes": [(value, name, text, value == mode) for value, name, text in FORK_MODES],
+        "effects": services.side_effects_after(run, number, at) if source else [],
+        "changes": changes,
+        "unchanged": form.is_bound and not form.errors and edited is None,
+        # The script may leave the state out of the next post while it is the snapshot's.
+        "pristine": not form.is_bound or ("state" not in form.errors and edited is None),
+        "view": "edit",
+        **abilities(request),
+    }
+    return render(request, "debugger/fork.html", context, status=status)
+
+
+@role_required
+def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
+    run = get_run_for(request, run_id)
+    context: dict[str, Any] = {
+        "run": run,
+        "with_text": request.GET.get("with", ""),
+        **abilities(request),
+    }
+    other = None
+    if context["with_text"]:
+        try:
+            other = compare.find_run(context["with_text"])
+        except ValueError as exc:
+            context["with_error"] = str(exc)
+    elif run.parent_id:
+        other = run.parent
+    if other is None:
+        context["fork_tree"] = forks.tree(run)
+        status = 400 if "with_error" in context else 200
+        return render(request, "debugger/compare.html", context, status=status)
+    cmp = compare.align(other, run)
+    step = request.GET.get("step", "")
+    selected = int(step) if step.isdigit() and len(step) < 10 else cmp.first_divergence
+    query = request.GET.copy()
+    query.pop("step", None)
+    query["step"] = ""
+    context.update(
+        cmp=cmp,
+        other=other,
+        selected=selected,
+        step_url=f"{request.path}?{query.urlencode()}",
+        fork_point=forks.fork_point(run),
+        **_step_diff(cmp, selected),
+    )
+    if _fragment(request, "compare-diff"):
+        return render(request, "debugger/compare.html#diff", context)
+    return render(request, "debugger/compare.html", context)
+
+
+def _step_diff(cmp: compare.Comparison, number: int | None) -> dict[str, Any]:
+    """The two runs' post states at one step, as the diff component shows them."""
+    if number is None:
+        return {}
+    snaps = {
+        s.run_id: s
+        for s in Snapshot.objects.filter(
+            run__in=(cmp.left, cmp.right), step=number, at="post"
+        ).defer("data")
+    }
+    a, b = snaps.get(cmp.left.pk), snaps.get(cmp.right.pk)
+    if a is None or b is None:
+        return {"missing": [r for r, s in ((cmp.left, a), (cmp.right, b)) if s is None]}
+    return {
+        "diff": _diff(a, b),
+        "a": a,
+        "b": b,
+        "a_ref": SnapshotRef(cmp.left.pk, number, "post"),
+        "b_ref": SnapshotRef(cmp.right.pk, number, "post"),
+    }
 
 
 # --- audit ---------------------------------------------------------------------------------------

@@ -120,3 +120,10 @@ def step_list(rows: Any, step_url: str, selected: int | None) -> str:
     from debugger.timeline import list_html
 
     return list_html(rows, step_url, selected)
+
+
+@register.simple_tag
+def compare_rows(cmp: Any, step_url: str, selected: int | None) -> str:
+    from debugger.compare import rows_html
+
+    return rows_html(cmp, step_url, selected)

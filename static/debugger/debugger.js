@@ -93,6 +93,120 @@
   document.addEventListener("htmx:afterSettle", function (event) {
     var target = event.detail && event.detail.target;
     markSelected(target && target.id === "step-body");
+    markCompared();
   });
-  document.addEventListener("DOMContentLoaded", function () { markSelected(true); });
+  document.addEventListener("DOMContentLoaded", function () {
+    markSelected(true);
+    document.querySelectorAll("textarea[data-json-editor].invalid").forEach(function (area) {
+      var problem = checkJSON(area);
+      if (problem && problem.pos !== null) {
+        area.focus();
+        area.setSelectionRange(problem.pos, problem.pos);
+        // Bring the line with the mistake into view, a third of the way down.
+        var line = area.value.slice(0, problem.pos).split("\n").length;
+        var height = parseFloat(getComputedStyle(area).lineHeight) || 18;
+        area.scrollTop = Math.max(0, (line - 1) * height - area.clientHeight / 3);
+      }
+    });
+  });
+
+  // Compare view: the row whose diff is shown stays marked.
+  function markCompared() {
+    var pane = document.getElementById("compare-diff");
+    if (!pane) return;
+    var n = pane.getAttribute("data-step");
+    document.querySelectorAll("#compare-rows [data-n]").forEach(function (row) {
+      row.classList.toggle("sel", row.getAttribute("data-n") === n);
+    });
+  }
+
+  // The fork form's state editor: Tab indents (Esc, then Tab, moves on), JSON checked on blur.
+  var INDENT = "  ";
+  var escaped = false;
+
+  function insert(area, text, start, end) {
+    area.focus();
+    area.setSelectionRange(start, end);
+    // execCommand keeps the browser's undo history; setRangeText is the fallback.
+    if (!document.execCommand || !document.execCommand("insertText", false, text)) {
+      area.setRangeText(text, start, end, "end");
+    }
+  }
+
+  function indent(area, outdent) {
+    var value = area.value, start = area.selectionStart, end = area.selectionEnd;
+    if (start === end && !outdent) {
+      insert(area, INDENT, start, end);
+      return;
+    }
+    var from = value.lastIndexOf("\n", start - 1) + 1;
+    var lines = value.slice(from, end).split("\n");
+    var changed = lines.map(function (line) {
+      if (!outdent) return INDENT + line;
+      return line.slice(line.startsWith(INDENT) ? INDENT.length : line.startsWith(" ") ? 1 : 0);
+    }).join("\n");
+    insert(area, changed, from, end);
+    area.setSelectionRange(from, from + changed.length);
+  }
+
+  document.addEventListener("keydown", function (event) {
+    var area = event.target;
+    if (!area.matches || !area.matches("textarea[data-json-editor]")) return;
+    if (event.key === "Escape") { escaped = true; return; }
+    if (event.key !== "Tab" || event.altKey || event.ctrlKey || event.metaKey) { escaped = false; return; }
+    if (escaped) { escaped = false; return; } // let Tab leave the editor
+    event.preventDefault();
+    indent(area, event.shiftKey);
+  });
+
+  // {pos, message} for invalid JSON, null when it parses.
+  function checkJSON(area) {
+    try {
+      JSON.parse(area.value);
+      return null;
+    } catch (err) {
+      var match = /position (\d+)/.exec(err.message);
+      var pos = match ? Number(match[1]) : null;
+      var where = "";
+      if (pos !== null) {
+        var before = area.value.slice(0, pos).split("\n");
+        where = " at line " + before.length + ", column " + (before[before.length - 1].length + 1);
+      }
+      var reason = err.message.replace(/\s*(in JSON )?at position \d+.*$/, "").replace(/^JSON\.parse: /, "");
+      return { pos: pos, message: "Invalid JSON" + where + ": " + reason };
+    }
+  }
+
+  // An untouched state need not travel back (the server has it, and a 2.5 MB state would
+  // exceed the upload limit): leave it out and say so.
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    var area = form.querySelector("textarea[data-json-editor][data-pristine]");
+    if (!area || area.value !== area.defaultValue) return;
+    area.disabled = true;
+    var flag = form.querySelector("input[name=state_unchanged]") || document.createElement("input");
+    flag.type = "hidden";
+    flag.name = "state_unchanged";
+    flag.value = "1";
+    form.appendChild(flag);
+  });
+  // Back to a page from the cache: the editor must be usable again.
+  window.addEventListener("pageshow", function () {
+    document.querySelectorAll("textarea[data-json-editor]:disabled").forEach(function (area) {
+      area.disabled = false;
+    });
+  });
+
+  document.addEventListener("focusout", function (event) {
+    var area = event.target;
+    if (!area.matches || !area.matches("textarea[data-json-editor]")) return;
+    var status = document.getElementById(area.id + "-status");
+    var problem = checkJSON(area);
+    area.classList.toggle("invalid", problem !== null);
+    if (problem) area.setAttribute("aria-invalid", "true"); else area.removeAttribute("aria-invalid");
+    if (status) {
+      status.textContent = problem ? problem.message : "valid JSON";
+      status.className = "json-status " + (problem ? "bad" : "ok");
+    }
+  });
 })();

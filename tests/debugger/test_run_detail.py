@@ -155,7 +155,6 @@ def test_a_fork_links_to_its_parent_and_the_parent_lists_its_forks(client_for, p
     Run.objects.filter(pk=child.pk).update(parent=parent, forked_from=snap, mode="sandbox")
     client = client_for("viewer")
     child_html = client.get(f"/runs/{child.pk}/").content.decode()
-    assert f'href="/runs/{parent.pk}/steps/3/post/">step 3 post</a>' in child_html
-    assert "sandbox" in child_html
+    assert f'href="/runs/{parent.pk}/steps/3/post/">step 3 (post)</a>, sandbox mode' in child_html
     parent_html = client.get(f"/runs/{parent.pk}/").content.decode()
     assert f'href="/runs/{child.pk}/"' in parent_html
