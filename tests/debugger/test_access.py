@@ -26,6 +26,7 @@ def pages(run: Run) -> list[str]:
         f"/runs/{r}/steps/3/post/",
         f"/runs/{r}/steps/3/pre.json",
         f"/runs/{r}/steps/3/diff/",
+        f"/runs/{r}/compare/",
         f"/diff/?a={r}:1:pre&b={r}:3:post",
         "/diff/",
         "/audit/",
@@ -101,12 +102,12 @@ def test_viewers_see_no_mutating_controls(client_for, people):
     assert 'data-action="approve"' in operator_html and 'data-action="cancel"' in operator_html
 
 
-def test_replay_from_here_is_a_disabled_placeholder_for_operators_only(client_for, run):
+def test_replay_from_here_is_for_operators_only(client_for, run):
     url = f"/runs/{run.pk}/steps/3/pre/"
     assert 'data-action="replay"' not in client_for("viewer").get(url).content.decode()
     html = client_for("operator").get(url).content.decode()
-    assert 'data-action="replay"' in html
-    assert 'disabled data-action="replay"' in html
+    assert f'href="/runs/{run.pk}/steps/3/pre/fork/" data-action="replay"' in html
+    assert client_for("viewer").get(f"/runs/{run.pk}/steps/3/pre/fork/").status_code == 403
 
 
 def test_unknown_runs_steps_and_bad_ids_are_404(client_for, run):

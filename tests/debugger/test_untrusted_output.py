@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from agentrun import services
+from tests.base import drive
 from tests.debugger import runs
 from tests.debugger.conftest import hx
 
@@ -46,6 +48,18 @@ def test_no_payload_reaches_the_html_unescaped(client_for, people):
             (f"/runs/{r}/steps/{n}/diff/", None),
             (f"/runs/{r}/steps/{n}/diff/", "snap-pane"),
         ]
+    fork = drive(services.fork_run(run, step=1, reason=runs.XSS["hx_on"], user=people["operator"]))
+    f = fork.pk
+    urls += [
+        (f"/runs/{f}/", None),
+        (f"/runs/{f}/compare/", None),
+        (f"/runs/{f}/compare/?step=2", "compare-diff"),
+        (f"/runs/{f}/compare/?with={r}&step=4", None),
+        (f"/runs/{r}/compare/", None),
+    ]
+    urls += [
+        (f"/runs/{r}/steps/{n}/{at}/fork/", None) for n in range(1, 5) for at in ("pre", "post")
+    ]
     for url, target in urls:
         response = client.get(url, **(hx(target) if target else {}))
         assert response.status_code in (200, 286), url
