@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.base import make_people
+from agentrun.models import Run
+from tests.base import drive, make_people
 from tests.debugger import runs
 from tests.debugger.browser import assert_inert, chromium, login, page_for, settle, shot
 
@@ -68,6 +69,21 @@ def test_hostile_run_output_renders_as_text_on_every_page(live_server, browser):
         assert_inert(page)
         shot(page, "22-hostile-diff")
         visit(f"/diff/?a={run.pk}:1:pre&b={run.pk}:4:post")
+        # Replay from here: the hostile state in the editor, then the fork and the comparison.
+        visit(f"/runs/{run.pk}/steps/2/pre/fork/")
+        assert x["script"] in page.input_value("#fork-state")  # as text, in the editor
+        page.fill("input[name=reason]", x["img"] + x["hx_on"])
+        page.click("[data-action=fork]")
+        page.wait_for_selector(".callout.forkinfo")
+        settle(page)
+        assert_inert(page)
+        assert x["img"] + x["hx_on"] in page.inner_text(".callout.forkinfo")
+        fork = Run.objects.get(parent=run)
+        drive(fork)
+        visit(f"/runs/{fork.pk}/")
+        visit(f"/runs/{fork.pk}/compare/?step=4")
+        assert x["img"] in page.inner_text("#compare-rows")
+        shot(page, "24-hostile-compare")
         visit("/audit/")
         assert x["img"] + x["hx_on"] in page.inner_text("#audit-actions")
         shot(page, "23-hostile-audit")

@@ -87,7 +87,8 @@ def test_an_operator_walks_from_login_to_a_step_its_snapshots_its_diff_and_the_a
         page.wait_for_selector("#snap-pane .tab.on:has-text('Post state')")
         page.goto(f"/runs/{run.pk}/steps/6/pre/")
         assert page.locator(".tree-wrap .jt-key").count() > 10
-        assert page.get_by_role("button", name="Replay from here").is_disabled()
+        replay = page.get_by_role("link", name="Replay from here")
+        assert replay.get_attribute("href") == f"/runs/{run.pk}/steps/6/pre/fork/"
         shot(page, "05-snapshot-pre")
         page.goto(f"/runs/{run.pk}/steps/6/post/?path=history")
         assert page.locator(".pathcrumbs").inner_text().startswith("$")
@@ -145,7 +146,7 @@ def test_a_viewer_sees_no_mutating_buttons_and_is_refused_when_posting_anyway(li
         assert page.locator("form[action$='/cancel/'], form[action$='/approval/']").count() == 0
         page.click("#strip .cell[data-n='1']")
         page.wait_for_selector("#step-body[data-step='1'] #snap-pane .diffhead")
-        assert page.locator("button[data-action=replay]").count() == 0
+        assert page.locator("[data-action=replay]").count() == 0
         shot(page, "11-viewer-run")
 
         token = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
