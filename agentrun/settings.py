@@ -143,8 +143,9 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 
-# A 10 MB run input must be refused cleanly, not parsed.
-DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2 * 1024 * 1024)
+# Room for an operator's edited state (fork_run accepts up to 8x the input limit, as
+# pretty JSON in the browser); a 10 MB body is still refused before it is parsed.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 9 * 1024 * 1024)
 
 # --- Celery: the broker is only a wake-up; the database is the truth. -------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", "filesystem://")
