@@ -240,8 +240,8 @@ class Snapshot(models.Model):
     class Meta:
         ordering = ["run", "seq"]
         constraints = [
+            # seq is 2*step (+1 for post), so this also makes (run, step, at) unique.
             models.UniqueConstraint(fields=["run", "seq"], name="snapshot_run_seq"),
-            models.UniqueConstraint(fields=["run", "step", "at"], name="snapshot_run_step_at"),
         ]
 
     def __str__(self) -> str:
@@ -278,7 +278,7 @@ class ToolCall(models.Model):
     kind = models.CharField(max_length=8)
     args = models.JSONField(default=dict)
     args_hash = models.CharField(max_length=64)
-    idempotency_key = models.CharField(max_length=300, unique=True)
+    idempotency_key = models.CharField(max_length=300)
     status = models.CharField(max_length=20, choices=ToolCallStatus.choices)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
@@ -294,7 +294,9 @@ class ToolCall(models.Model):
     class Meta:
         ordering = ["run", "step__number", "index"]
         constraints = [
-            models.UniqueConstraint(fields=["step", "index"], name="toolcall_step_index")
+            models.UniqueConstraint(fields=["step", "index"], name="toolcall_step_index"),
+            # A constraint, not unique=True: on PostgreSQL that adds a second (LIKE) index.
+            models.UniqueConstraint(fields=["idempotency_key"], name="toolcall_idempotency_key"),
         ]
         indexes = [
             # The audit page and the per-run read cache: calls of one kind, by tool.
