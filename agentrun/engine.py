@@ -96,6 +96,11 @@ def _cache_put(
             _CACHE.popitem(last=False)
 
 
+def remember_state(run_id: Any, snap: Snapshot, state: dict[str, Any], node: hashing.Node) -> None:
+    """Seed this process's cache with a state just written (e.g. a fork's first one)."""
+    _cache_put(str(run_id), snap.seq, snap.hash, state, node)
+
+
 def new_lease_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from agentrun import engine
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.engine import compensate_run, enqueue
 from agentrun.events import record_event
@@ -248,7 +249,8 @@ def fork_run(
             next_step=first,
             phase=str(phase or ""),
         )
-        snapshots.build(fork.pk, first, "pre", new_state, None, None)[0].save()
+        snap, node = snapshots.build(fork.pk, first, "pre", new_state, None, None)
+        snap.save()
         record_event(
             "run_forked",
             run=fork,
@@ -266,4 +268,6 @@ def fork_run(
             },
         )
         enqueue(fork.pk, first)
+    # An in-process executor (and a worker sharing this process) starts warm.
+    engine.remember_state(fork.pk, snap, new_state, node)
     return fork
