@@ -116,7 +116,8 @@ class StateError(ValueError):
 # --------------------------------------------------------------------------
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON Schema name of a value's type: null, boolean, integer, number, string..."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -151,24 +152,24 @@ def _is_int(value: Any) -> bool:
 
 def _check_object(value: Any, path: str) -> None:
     if not isinstance(value, dict):
-        raise _fail(path, f"must be an object, got {_json_type(value)}")
+        raise _fail(path, f"must be an object, got {json_type(value)}")
 
 
 def _check_list(value: Any, path: str) -> None:
     if not isinstance(value, list):
-        raise _fail(path, f"must be an array, got {_json_type(value)}")
+        raise _fail(path, f"must be an array, got {json_type(value)}")
 
 
 def _check_str(value: Any, path: str, *, nullable: bool = False) -> None:
     if isinstance(value, str) or (nullable and value is None):
         return
     expected = "a string or null" if nullable else "a string"
-    raise _fail(path, f"must be {expected}, got {_json_type(value)}")
+    raise _fail(path, f"must be {expected}, got {json_type(value)}")
 
 
 def _check_count(value: Any, path: str) -> None:
     if not _is_int(value):
-        raise _fail(path, f"must be an integer, got {_json_type(value)}")
+        raise _fail(path, f"must be an integer, got {json_type(value)}")
     if value < 0:
         raise _fail(path, f"must be >= 0, got {value}")
 
@@ -367,7 +368,7 @@ def _read_memory(value: Any) -> dict[str, Any]:
         _check_object(notes, "memory.notes")
         for key, note in notes.items():
             if not isinstance(key, str):
-                raise _fail("memory.notes", f"keys must be strings, got {_json_type(key)}")
+                raise _fail("memory.notes", f"keys must be strings, got {json_type(key)}")
             _check_str(note, _key_path("memory.notes", key))
         memory["notes"] = dict(notes)
     return memory
@@ -413,7 +414,7 @@ def _migrate(data: dict[str, Any]) -> dict[str, Any]:
     # Snapshots from before the field existed are version 0.
     version = data.get("schema_version", 0)
     if not _is_int(version):
-        raise _fail("schema_version", f"must be an integer, got {_json_type(version)}")
+        raise _fail("schema_version", f"must be an integer, got {json_type(version)}")
     if version < 0 or version > SCHEMA_VERSION:
         raise _fail(
             "schema_version", f"is {version}, this code reads versions 0 to {SCHEMA_VERSION}"
@@ -695,7 +696,7 @@ class AgentState:
         modified, and list items are shared with it rather than copied.
         """
         if not isinstance(data, Mapping):
-            raise StateError(f"state must be an object, got {_json_type(data)}")
+            raise StateError(f"state must be an object, got {json_type(data)}")
         data = _migrate(dict(data))
         for key in data:
             if key not in _FIELDS:

@@ -17,28 +17,12 @@ from typing import Any
 
 from django.utils.safestring import SafeString, mark_safe
 
+from agentrun.state import json_type
+
 Path = tuple[str | int, ...]
 
 STRING_PREVIEW = 160
 STRING_FULL_LIMIT = 200_000
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
 
 
 def json_size(value: Any) -> int:
