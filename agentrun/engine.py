@@ -489,7 +489,7 @@ def _act(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
                     "input": tc.args,
                 },
             )
-    if t.kind == "read":
+    if t.kind == "read" and t.cache:
         cached = _read_cache(ctx, call, tc)
         if cached is not None:
             return cached

@@ -77,6 +77,7 @@ class Tool:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     compensate: Callable[..., Any] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    cache: bool = True
 
     def __call__(self, ctx: ToolContext, args: dict[str, Any]) -> Any:
         return self.fn(ctx, **args)
@@ -113,6 +114,7 @@ def tool(
     retry: RetryPolicy | None = None,
     compensate: Callable[..., Any] | None = None,
     parameters: dict[str, Any] | None = None,
+    cache: bool = True,
 ) -> Any:
     """Register a function as a tool. The function takes a ToolContext first.
 
@@ -124,6 +126,8 @@ def tool(
     - requires_approval: pause the run for an operator before every call.
     - timeout (seconds), retry: a RetryPolicy for transient errors.
     - parameters: JSON Schema of the arguments, for LLM tool calling.
+    - cache: a read tool's result is reused within a run for the same
+      arguments; pass False for reads of data that changes (a cart, a clock).
     """
 
     def register(f: Callable[..., Any]) -> Tool:
@@ -142,6 +146,7 @@ def tool(
             retry=retry or RetryPolicy(),
             compensate=compensate,
             parameters=parameters or {"type": "object", "properties": {}},
+            cache=cache,
         )
         REGISTRY[t.name] = t
         return t
