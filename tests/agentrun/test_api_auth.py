@@ -11,12 +11,6 @@ from tests.base import drive, make_people, make_run
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    # The default hasher takes a second per user on a busy machine.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def people():
     return make_people()

@@ -26,11 +26,6 @@ SIDE_EFFECTS = script(
 )
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def people():
     return make_people()

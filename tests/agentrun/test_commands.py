@@ -21,11 +21,6 @@ from tests.base import PASSWORD, calls, drive, final, make_people, make_run, scr
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def run_command(*args):
     out = StringIO()
     call_command(*args, stdout=out)

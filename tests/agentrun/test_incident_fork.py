@@ -45,11 +45,6 @@ INCIDENT = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def api():
     """A client that calls the API as Olga, an operator, with a Bearer token."""
