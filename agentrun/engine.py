@@ -476,8 +476,10 @@ def _act(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
                 ctx, tc, WaitReason.APPROVAL, ToolCallStatus.AWAITING_APPROVAL, "approval_requested"
             )
         if approval.get("decision") == "reject":
-            tc.status = ToolCallStatus.REJECTED
-            tc.save(update_fields=["status"])
+            with transaction.atomic():
+                _guarded(ctx)
+                tc.status = ToolCallStatus.REJECTED
+                tc.save(update_fields=["status"])
             return _fail(
                 ctx,
                 {
@@ -496,19 +498,24 @@ def _act(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
     if t.kind in SIDE_EFFECTS and tc.status in (ToolCallStatus.INTENT, ToolCallStatus.IN_DOUBT):
         resolution = (tc.approval or {}).get("resolution")
         if resolution == "mark_done":
-            tc.status, tc.finished_at = ToolCallStatus.OK, timezone.now()
-            tc.save(update_fields=["status", "finished_at"])
+            with transaction.atomic():
+                _guarded(ctx)
+                tc.status, tc.finished_at = ToolCallStatus.OK, timezone.now()
+                tc.save(update_fields=["status", "finished_at"])
             return _result_of(tc, call)
         if not t.idempotent and resolution != "retry" and _was_invoked(tc):
             return _park(
                 ctx, tc, WaitReason.IN_DOUBT, ToolCallStatus.IN_DOUBT, "tool_call_in_doubt"
             )
     if t.kind in SIDE_EFFECTS and tc.status != ToolCallStatus.INTENT:
+        if (tc.approval or {}).get("resolution") == "retry":
+            # The operator's "retry" is for this one attempt: a new doubt asks again.
+            tc.approval = {**tc.approval, "resolution": "retried"}
         with transaction.atomic():
             _guarded(ctx)
             _flush_pending(ctx)
             tc.status = ToolCallStatus.INTENT
-            tc.save(update_fields=["status"])
+            tc.save(update_fields=["status", "approval"])
     return _invoke(ctx, call, tc, t)
 
 
