@@ -4,10 +4,18 @@ Workers are `celery -A agentrun worker` processes started here (each in its own
 process group, stopped by its pid), with AGENTRUN_AGENT_MODULES=bench.agent and
 BENCH_TIMING_REDIS set, so each execute_step task pushes its start and end times
 (the end is after the commit returned) to the Redis list "bench:steps".
+
+Run on its own (only the worker cases, nothing in-process):
+
+    .venv/bin/python -m bench.celery_bench --e2e grow:200 --repeats 2 --throughput 1,2
+
+BENCH_WORKER_ARGS (space-separated) replaces the pool flags of WORKER_ARGS, to compare
+worker command lines.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -23,6 +31,8 @@ from bench.stats import steps_summary
 from bench.wl import ROOT
 
 TIMING_KEY = "bench:steps"
+# The pool flags of every worker started here (production's, see README).
+WORKER_ARGS = ["-P", "prefork", "-c", "1"]
 
 
 def redis_client() -> Any:
@@ -32,11 +42,12 @@ def redis_client() -> Any:
 
 
 class Worker:
-    """One worker process, prefork pool of `concurrency` children."""
+    """One worker process (WORKER_ARGS: its pool and concurrency)."""
 
-    def __init__(self, name: str, concurrency: int = 1):
+    def __init__(self, name: str):
         self.name = name
         self.log_path = env.OUT / f"worker-{name}.log"
+        pool = os.environ.get("BENCH_WORKER_ARGS", "").split() or WORKER_ARGS
         cmd = [
             sys.executable,
             "-m",
@@ -44,10 +55,7 @@ class Worker:
             "-A",
             "agentrun",
             "worker",
-            "-P",
-            "prefork",
-            "-c",
-            str(concurrency),
+            *pool,
             "-l",
             "info",
             "-n",
@@ -86,6 +94,10 @@ class Worker:
         self.stop()
         raise RuntimeError(f"worker {self.name} did not start:\n{tail}")
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) of the worker's process group so far."""
+        return _group_cpu_s(self.proc.pid)
+
     def stop(self) -> None:
         """Warm shutdown (SIGTERM to its process group), then SIGKILL after 30 s."""
         if self.proc.poll() is None:
@@ -120,6 +132,22 @@ class Workers:
         for w in self.workers:
             w.stop()
 
+    def cpu_s(self) -> float:
+        return sum(w.cpu_s() for w in self.workers)
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """utime + stime of the live processes of a process group (+ reaped children)."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields[0] is the state: pgrp is the 5th field
+            ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
 
 def reset_broker() -> None:
     """Redis db 7 is the bench's own: empty it (queue, unacked messages, timings)."""
@@ -143,8 +171,14 @@ def wait_finished(run_ids: list[Any], deadline: float, poll: float = 0.25) -> No
         time.sleep(poll)
 
 
-def e2e_repeat(variant: str, n: int, budget_s: float) -> dict[str, Any]:
-    """One workload run through the worker; per-step latency from commit to commit."""
+def e2e_repeat(
+    variant: str, n: int, budget_s: float, workers: Workers | None = None
+) -> dict[str, Any]:
+    """One workload run through the worker; per-step latency from commit to commit.
+
+    With `workers`, also the CPU time their processes spent per step (all of it: the
+    pool's children and the consumer process that talks to the broker).
+    """
     from django.conf import settings
 
     from agentrun import services, snapshots
@@ -154,6 +188,7 @@ def e2e_repeat(variant: str, n: int, budget_s: float) -> dict[str, Any]:
     env.truncate()
     redis_client().delete(TIMING_KEY)
     settings.AGENTRUN_ENQUEUE = True
+    cpu0 = workers.cpu_s() if workers else 0.0
     try:
         t_created = time.time()
         run = services.start_run("workload", inputs(variant, n))
@@ -180,6 +215,8 @@ def e2e_repeat(variant: str, n: int, budget_s: float) -> dict[str, Any]:
     out["task_ms"] = steps_summary([(r[4] - r[3]) * 1000 for r in rows[1:n]])
     out["task_cpu_ms"] = steps_summary([r[6] for r in rows[1:n]])
     out["queue_gap_ms"] = steps_summary([(rows[i][3] - rows[i - 1][4]) * 1000 for i in range(1, n)])
+    if workers:
+        out["worker_cpu_ms_per_step"] = (workers.cpu_s() - cpu0) * 1000 / (n + 1)
     out["fingerprint_final"] = check_state(
         snapshots.load(run.pk, n, "post"), variant, n, "final state through Celery"
     )
@@ -203,13 +240,15 @@ def throughput(workers: int, runs: int, steps: int, budget_s: float) -> dict[str
 
     env.truncate()
     redis_client().delete(TIMING_KEY)
-    with Workers(workers):
+    with Workers(workers) as started:
         settings.AGENTRUN_ENQUEUE = True
+        cpu0 = started.cpu_s()
         try:
             ids = [services.start_run("scripted", scripted_input(steps)).pk for _ in range(runs)]
             wait_finished(ids, time.monotonic() + budget_s)
         finally:
             settings.AGENTRUN_ENQUEUE = False
+        cpu_s = started.cpu_s() - cpu0
     rows = timings({str(i) for i in ids})
     done = [r for r in rows if r[2] in ("committed", "finished")]
     statuses = Counter(r[2] for r in rows)
@@ -224,4 +263,66 @@ def throughput(workers: int, runs: int, steps: int, budget_s: float) -> dict[str
         "steps_per_s": len(done) / span,
         "statuses": dict(statuses),
         "pids": len({r[5] for r in rows}),
+        "worker_cpu_ms_per_step": cpu_s * 1000 / len(done),
+        "task_ms": steps_summary([(r[4] - r[3]) * 1000 for r in done]),
+        "task_cpu_ms": steps_summary([r[6] for r in done]),
     }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="Only the worker cases of bench/run.py.")
+    p.add_argument(
+        "--e2e", default="grow:200", help="variant:N,... for commit→commit ('' for none)"
+    )
+    p.add_argument("--repeats", type=int, default=1, help="repeats of each --e2e case")
+    p.add_argument("--throughput", default="1,2", help="worker process counts ('' for none)")
+    p.add_argument("--runs", type=int, default=100, help="concurrent scripted runs")
+    p.add_argument("--steps", type=int, default=5, help="echo steps per scripted run")
+    p.add_argument("--budget", type=float, default=900.0, help="seconds per case")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+
+    env.setup()
+    print("worker:", " ".join(os.environ.get("BENCH_WORKER_ARGS", "").split() or WORKER_ARGS))
+    results: dict[str, Any] = {"e2e": [], "throughput": []}
+    reset_broker()
+    try:
+        cases = [c.split(":") for c in args.e2e.split(",") if c]
+        if cases:
+            with Workers(1) as workers:
+                for variant, n in cases:
+                    for _ in range(args.repeats):
+                        rep = e2e_repeat(variant, int(n), args.budget, workers)
+                        results["e2e"].append(rep)
+                        print(_brief_e2e(rep), flush=True)
+        for count in (int(x) for x in args.throughput.split(",") if x):
+            reset_broker()
+            tp = throughput(count, args.runs, args.steps, args.budget)
+            results["throughput"].append(tp)
+            print(
+                f"throughput {count} worker(s): {tp['steps_per_s']:.1f} steps/s "
+                f"({tp['steps']} steps in {tp['seconds']:.2f} s), task {tp['task_ms']['median']:.2f} ms "
+                f"(CPU {tp['task_cpu_ms']['median']:.2f}), worker CPU {tp['worker_cpu_ms_per_step']:.2f} ms/step",
+                flush=True,
+            )
+    finally:
+        reset_broker()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def _brief_e2e(rep: dict[str, Any]) -> str:
+    if "commit_to_commit" not in rep:
+        return f"{rep['variant']} N={rep['n']}: {rep.get('aborted', '?')}"
+    return (
+        f"{rep['variant']} N={rep['n']}: commit→commit {rep['commit_to_commit']['median']:.2f} ms "
+        f"(p10 {rep['commit_to_commit']['p10']:.2f}, p90 {rep['commit_to_commit']['p90']:.2f}), "
+        f"task {rep['task_ms']['median']:.2f} ms (CPU {rep['task_cpu_ms']['median']:.2f}), "
+        f"queue gap {rep['queue_gap_ms']['median']:.2f} ms, "
+        f"worker CPU {rep.get('worker_cpu_ms_per_step', 0):.2f} ms/step"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
