@@ -18,7 +18,7 @@ from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
 
 from agentrun.models import Run
-from agentrun.roles import can_operate, can_view, role_of
+from agentrun.roles import ROLES, role_of
 
 Perm = Literal["view", "operate"]
 
@@ -38,10 +38,21 @@ CONTENT_SECURITY_POLICY = "; ".join(
 )
 
 
+def role(request: HttpRequest) -> str | None:
+    """The user's role, looked up once per request (a page asks several times)."""
+    if not hasattr(request, "_debugger_role"):
+        request._debugger_role = role_of(request.user)  # type: ignore[attr-defined]
+    return request._debugger_role  # type: ignore[attr-defined]
+
+
+def _may(request: HttpRequest, perm: Perm) -> bool:
+    # As agentrun.roles.can_view / can_operate, from the role already looked up.
+    return role(request) in (("operator", "admin") if perm == "operate" else ROLES)
+
+
 def check(request: HttpRequest, perm: Perm = "view") -> None:
     """Raise PermissionDenied unless the logged-in user may `perm`."""
-    allowed = can_operate(request.user) if perm == "operate" else can_view(request.user)
-    if not allowed:
+    if not _may(request, perm):
         raise PermissionDenied(f"{perm} needs a role that allows it")
 
 
@@ -77,4 +88,4 @@ def parse_uuid(value: Any) -> UUID:
 
 def abilities(request: HttpRequest) -> dict[str, Any]:
     """Template flags: what the current user's role allows."""
-    return {"role": role_of(request.user), "can_operate": can_operate(request.user)}
+    return {"role": role(request), "can_operate": _may(request, "operate")}

@@ -42,7 +42,7 @@ from debugger.jsontree import (
     render_tree,
     resolve,
 )
-from debugger.states import load_states
+from debugger.states import diff_snapshots, load_states
 
 RUNS_PER_PAGE = 50
 AUDIT_PER_PAGE = 50
@@ -311,7 +311,7 @@ def snapshot_json(request: HttpRequest, run_id: Any, number: int, at: str) -> Ht
 def step_diff(request: HtmxHttpRequest, run_id: Any, number: int) -> HttpResponse:
     run = get_run_for(request, run_id)
     pre, post = _snapshot(run, number, "pre"), _snapshot(run, number, "post")
-    result = _diff(pre, post)
+    result = diff_snapshots(pre, post)
     context = {
         **_snapshot_context(run, number, "diff"),
         "diff": result,
@@ -339,19 +339,12 @@ def diff_any(request: HtmxHttpRequest) -> HttpResponse:
     if form.is_bound and form.is_valid():
         refs = form.cleaned_data["a"], form.cleaned_data["b"]
         a, b = (_snapshot(get_run_for(request, ref.run_id), ref.step, ref.at) for ref in refs)
-        context.update(diff=_diff(a, b), a=a, b=b, a_ref=refs[0], b_ref=refs[1])
+        context.update(diff=diff_snapshots(a, b), a=a, b=b, a_ref=refs[0], b_ref=refs[1])
     status = 400 if form.is_bound and not form.is_valid() else 200
     template = (
         "debugger/diff.html#pane" if _fragment(request, "snap-pane") else "debugger/diff.html"
     )
     return render(request, template, context, status=status)
-
-
-def _diff(a: Snapshot, b: Snapshot) -> Any:
-    if a.hash == b.hash:  # same content: nothing to load
-        return diff_states({}, {}, a.size, b.size)
-    old, new = load_states([a, b])
-    return diff_states(old, new, a.size, b.size)
 
 
 # --- forks: replay from a snapshot, compare a fork with its parent ------------------------
@@ -525,7 +518,7 @@ def _step_diff(cmp: compare.Comparison, number: int | None) -> dict[str, Any]:
     if a is None or b is None:
         return {"missing": [r for r, s in ((cmp.left, a), (cmp.right, b)) if s is None]}
     return {
-        "diff": _diff(a, b),
+        "diff": diff_snapshots(a, b),
         "a": a,
         "b": b,
         "a_ref": SnapshotRef(cmp.left.pk, number, "post"),

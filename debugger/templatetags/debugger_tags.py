@@ -88,11 +88,16 @@ def get(mapping: Any, key: Any) -> Any:
         return None
 
 
-@register.simple_tag
-def role_of(user: Any) -> str | None:
+@register.simple_tag(takes_context=True)
+def role_of(context: Any, user: Any) -> str | None:
     """The user's role (viewer, operator, admin) or None: for pages rendered without our context."""
     from agentrun.roles import role_of as _role_of
 
+    request = context.get("request")
+    if request is not None and getattr(request, "user", None) is user:
+        from debugger.access import role
+
+        return role(request)  # looked up once per request
     return _role_of(user)
 
 
