@@ -138,15 +138,28 @@ def check_state(state: Any, variant: str, n: int, what: str) -> str:
     return got
 
 
-def diff_display() -> tuple[str, Any]:
-    """The debugger's readable diff when it exists, else the engine's structural one."""
+def diff_display() -> tuple[str, Any, Any]:
+    """(name, diff of two snapshots as the diff pages compute it, diff of two loaded states).
+
+    The debugger's `diff_snapshots` is what its diff views call, loading included;
+    without the debugger, two `snapshots.load_state` and the engine's structural diff.
+    """
+    from agentrun import snapshots
+
     try:
         from debugger.diffs import diff_states
+        from debugger.states import diff_snapshots
     except ImportError:
         from agentrun import delta
 
-        return "agentrun.delta.diff", lambda a, b, sa, sb: delta.diff(a, b)
-    return "debugger.diffs.diff_states", diff_states
+        def states(a: Any, b: Any, sa: int, sb: int) -> Any:
+            return delta.diff(a, b)
+
+        def snaps(a: Any, b: Any) -> Any:
+            return states(snapshots.load_state(a), snapshots.load_state(b), a.size, b.size)
+
+        return "agentrun.delta.diff", snaps, states
+    return "debugger.states.diff_snapshots", diff_snapshots, diff_states
 
 
 def one_repeat(variant: str, n: int, run_no: int, reads: int, budget_s: float) -> dict[str, Any]:
@@ -242,12 +255,12 @@ def one_repeat(variant: str, n: int, run_no: int, reads: int, budget_s: float) -
     fconn.close()
 
     # Diffs.
-    name, diff = diff_display()
+    name, diff_snaps, diff = diff_display()
     out["diff_impl"] = name
 
     def pair(a_step: int, a_at: str, b_step: int, b_at: str) -> Any:
-        a, b = snapshots.get(run.pk, a_step, a_at), snapshots.get(run.pk, b_step, b_at)
-        return diff(snapshots.load_state(a), snapshots.load_state(b), a.size, b.size)
+        # As the diff views: the two snapshot rows, then the one function they call.
+        return diff_snaps(snapshots.get(run.pk, a_step, a_at), snapshots.get(run.pk, b_step, b_at))
 
     t, d = timed(lambda: pair(n, "pre", n, "post"), reads)
     out["diff_step_n"] = summary(t)
