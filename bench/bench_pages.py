@@ -6,8 +6,13 @@
 Give it a database of its own: it migrates it and adds runs of agent "bench".
 It inserts a 1,000-step run straight through the snapshot store (the shared
 workload's "grow" variant: the state reaches 2.5 MB), then times, server-side
-through Django's test client, the run detail page, one step's body, a snapshot
-page, and the diff of two ~2.5 MB snapshots that differ a little. Prints medians.
+through Django's test client, the run detail page, one step's body, the timeline,
+a snapshot page, the pre → post diff of the last step and the diff of two ~2.5 MB
+snapshots that differ a little, plus the run list over 10,000 runs (added once,
+as plain rows). Prints medians and each page's number of queries.
+
+Nothing is cached between requests, so every repeat of a page pays for what its
+first view does (loading states included).
 """
 
 from __future__ import annotations
@@ -32,16 +37,19 @@ django.setup()
 
 import workload  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.db import transaction  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
 from django.test import Client  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from agentrun import snapshots  # noqa: E402
 from agentrun.models import Run, Snapshot, Step, ToolCall  # noqa: E402
 from agentrun.roles import create_user  # noqa: E402
+from debugger import timeline  # noqa: E402
 from debugger.diffs import diff_states  # noqa: E402
 
 STEPS = 1000
+LIST_RUNS = 10_000
 REPEAT = 7
 PHASES = {"plan": "planning", "act": "executing", "reflect": "reflecting"}
 
@@ -140,15 +148,42 @@ def insert_single(state: dict[str, Any]) -> Run:
     return run
 
 
+def insert_list_runs(count: int) -> None:
+    """Enough finished and active runs of several agents for the run list to page through."""
+    have = Run.objects.filter(agent__startswith="list-").count()
+    if have >= count:
+        return
+    now = timezone.now()
+    statuses = ["succeeded"] * 6 + ["failed", "cancelled", "running", "waiting"]
+    Run.objects.bulk_create(
+        [
+            Run(
+                agent=f"list-{i % 5}",
+                agent_version="v1",
+                input={"goal": f"list run {i}: " + "a longer goal for the row " * (i % 3)},
+                status=statuses[i % len(statuses)],
+                phase="reflecting",
+                next_step=2 + i % 40,
+                started_at=now,
+                finished_at=now,
+            )
+            for i in range(have, count)
+        ],
+        batch_size=1000,
+    )
+
+
 def timed(label: str, fn: Any, repeat: int = REPEAT) -> float:
-    fn()  # warm caches (templates, imports)
+    with CaptureQueriesContext(connection) as queries:
+        fn()  # warm caches (templates, imports)
+    label = f"{label} [{len(queries)} q]"
     samples = []
     for _ in range(repeat):
         started = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - started) * 1000)
     median = statistics.median(samples)
-    print(f"{label:<58} median {median:8.1f} ms   (min {min(samples):.1f}, max {max(samples):.1f})")
+    print(f"{label:<66} median {median:8.1f} ms   (min {min(samples):.1f}, max {max(samples):.1f})")
     return median
 
 
@@ -179,6 +214,7 @@ def main() -> None:
         "messages": [*big["messages"], {"role": "user", "content": "one more question"}],
     }
     other = insert_single(edited)
+    insert_list_runs(LIST_RUNS)
 
     client = Client(HTTP_HOST="localhost")
     client.force_login(create_user("bench-viewer", "viewer", "bench"))
@@ -196,11 +232,21 @@ def main() -> None:
         "live refresh after a change (header + strip + list)",
         get(client, f"/runs/{r}/live/?v=x", **hx),
     )
+    timed(f"timeline rows of {STEPS} steps (debugger.timeline.rows)", lambda: timeline.rows(run))
+    runs = Run.objects.count()
+    timed(f"run list, first page of {runs:,} runs", get(client, "/"))
+    timed(f"run list, page 100 of {runs:,} runs", get(client, "/?page=100"))
+    timed("run list, failed runs only", get(client, "/?status=failed"))
+    timed("run list refresh (htmx rows)", get(client, "/?v=x", HTTP_HX_TARGET="run-rows", **hx))
     timed(
         f"snapshot page, post of step {STEPS} (2.5 MB state)",
         get(client, f"/runs/{r}/steps/{STEPS}/post/"),
     )
     timed(f"pre → post diff of step {STEPS} (page)", get(client, f"/runs/{r}/steps/{STEPS}/diff/"))
+    timed(
+        f"diff of post {STEPS // 4} vs post {3 * STEPS // 4} (page)",
+        get(client, f"/diff/?a={r}:{STEPS // 4}:post&b={r}:{3 * STEPS // 4}:post"),
+    )
     timed(
         "diff of two ~2.5 MB snapshots of two runs (page)",
         get(client, f"/diff/?a={r}:{STEPS}:post&b={other.pk}:1:pre"),
