@@ -10,9 +10,11 @@ import hashlib
 import json
 import secrets
 import uuid
+import zlib
 from datetime import datetime, timedelta
 from typing import Any
 
+from django import forms
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -103,11 +105,13 @@ class Run(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [
-            # The run list: newest first, optionally by status.
+            # The run list: newest first, optionally by status. Also the reconciler's and
+            # runnable()'s way in: active runs are few, their lease and wake-up are checked
+            # on the rows. No index holds lease_expires_at, next_step or updated_at, so the
+            # two updates per step (claim, commit) are HOT: no new index entries, and the
+            # table's fillfactor (migration 0006) leaves room on the page for them.
             models.Index(fields=["status", "-created_at"], name="run_status_created"),
             models.Index(fields=["agent", "-created_at"], name="run_agent_created"),
-            # The reconciler: active runs whose lease expired or whose wake-up is due.
-            models.Index(fields=["status", "lease_expires_at"], name="run_status_lease"),
         ]
 
     def __str__(self) -> str:
@@ -151,7 +155,8 @@ class StepStatus(models.TextChoices):
 
 
 class Step(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: step_run_number starts with run.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     number = models.IntegerField()
     status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.RUNNING)
     attempts = models.IntegerField(default=0)
@@ -197,20 +202,64 @@ class JSONText(models.TextField):
         return None if value is None else json.loads(value)
 
     def get_prep_value(self, value: Any) -> Any:
+        return None if value is None else _json_text(value)
+
+
+def _json_text(value: Any) -> str:
+    """Compact JSON; a lone surrogate (not UTF-8 encodable) is kept as a \\u escape."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text
+
+
+class CompressedJSONField(models.Field):
+    """JSON stored as zlib-compressed compact text (bytea on PostgreSQL, BLOB on SQLite).
+
+    Reads back exactly what was written, like JSONText (jsonb would rewrite
+    numbers), at about a third of the bytes: agent states and tool results are
+    mostly prose, which zlib packs ~2x better than PostgreSQL's pglz, and pglz
+    doesn't even try below 2 KB. The conversion happens in get_db_prep_value and
+    from_db_value, so raw SQL can insert `field.get_db_prep_value(value, connection)`.
+    """
+
+    description = "JSON, zlib-compressed"
+    empty_strings_allowed = False
+    level = 6  # ~45 ms for a 1.2 MB keyframe, rare; a step's few KB take ~0.05 ms
+
+    def get_internal_type(self) -> str:
+        return "BinaryField"
+
+    def get_prep_value(self, value: Any) -> Any:
         if value is None:
             return None
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        try:
-            text.encode()
-        except UnicodeEncodeError:  # a lone surrogate: keep it as a \u escape
-            text = json.dumps(value, separators=(",", ":"), allow_nan=False)
-        return text
+        return zlib.compress(_json_text(value).encode(), self.level)
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        return value if prepared else self.get_prep_value(value)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        return None if value is None else json.loads(zlib.decompress(value))
+
+    def to_python(self, value: Any) -> Any:
+        return value
+
+    def value_to_string(self, obj: Any) -> Any:
+        return self.value_from_object(obj)  # serializers write it as JSON, as for JSONField
+
+    def formfield(self, **kwargs: Any) -> Any:
+        return super().formfield(**{"form_class": forms.JSONField, **kwargs})
 
 
 class SnapshotKind(models.TextChoices):
     FULL = "full"  # a keyframe: the whole state
     DELTA = "delta"  # ops against the previous snapshot of the run
     REF = "ref"  # same state as the previous snapshot (pre of k == post of k-1)
+    # A fork's first snapshot: the state of its run's `forked_from` snapshot (another
+    # run's), with `data` ops applied when the state was edited, else no data.
+    FORK = "fork"
 
 
 class Snapshot(models.Model):
@@ -218,21 +267,27 @@ class Snapshot(models.Model):
 
     Stored as a delta from the previous snapshot of the same run with a full
     keyframe whenever the deltas since the last one outweigh the state itself;
-    read it with `agentrun.snapshots.load_state(snapshot)`.
+    a fork's first snapshot refers to its source in the parent run.
+    Read it with `agentrun.snapshots.load_state(snapshot)`.
     """
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="snapshots")
+    # No index of its own: snapshot_run_seq starts with run.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="snapshots", db_index=False)
     step = models.IntegerField()
     at = models.CharField(max_length=4, choices=[("pre", "pre"), ("post", "post")])
     # Position in the run: 2*step for pre, 2*step+1 for post.
     seq = models.IntegerField()
     kind = models.CharField(max_length=8, choices=SnapshotKind.choices)
-    data = JSONText(null=True, blank=True)
+    data = CompressedJSONField(null=True, blank=True)
     keyframe_seq = models.IntegerField()
     hash = models.CharField(max_length=64)
     size = models.IntegerField(help_text="bytes of the whole state as compact JSON")
-    stored_bytes = models.IntegerField(default=0, help_text="bytes of data as stored")
-    chain_bytes = models.IntegerField(default=0, help_text="delta bytes since the keyframe")
+    stored_bytes = models.IntegerField(
+        default=0, help_text="bytes of data as compact JSON (stored compressed)"
+    )
+    chain_bytes = models.IntegerField(
+        default=0, help_text="delta bytes a read replays (a fork's include its source's)"
+    )
     phase = models.CharField(max_length=16, blank=True)
     outcome = models.CharField(max_length=16, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -271,8 +326,13 @@ class ToolCallStatus(models.TextChoices):
 
 
 class ToolCall(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
-    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="tool_calls")
+    # No indexes of their own: toolcall_run_tool_args and toolcall_step_index start with them.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False
+    )
+    step = models.ForeignKey(
+        Step, on_delete=models.CASCADE, related_name="tool_calls", db_index=False
+    )
     index = models.IntegerField()
     tool = models.CharField(max_length=100)
     kind = models.CharField(max_length=8)
@@ -280,7 +340,7 @@ class ToolCall(models.Model):
     args_hash = models.CharField(max_length=64)
     idempotency_key = models.CharField(max_length=300)
     status = models.CharField(max_length=20, choices=ToolCallStatus.choices)
-    result = models.JSONField(null=True, blank=True)
+    result = CompressedJSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     # [{"at": iso, "error": str|None, "backoff_s": float|None, "duration_ms": float}]
     attempts = models.JSONField(default=list)
@@ -299,8 +359,14 @@ class ToolCall(models.Model):
             models.UniqueConstraint(fields=["idempotency_key"], name="toolcall_idempotency_key"),
         ]
         indexes = [
-            # The audit page and the per-run read cache: calls of one kind, by tool.
-            models.Index(fields=["kind", "-created_at"], name="toolcall_kind_created"),
+            # The audit page (side effects, newest first) and the reconciler's hybrid
+            # calls to compensate; read calls, the bulk of them, stay out of it.
+            models.Index(
+                fields=["-created_at"],
+                condition=Q(kind__in=("write", "hybrid")),
+                name="toolcall_side_effects",
+            ),
+            # The per-run read cache, and every per-run lookup.
             models.Index(fields=["run", "tool", "args_hash"], name="toolcall_run_tool_args"),
         ]
 
@@ -314,6 +380,8 @@ class Event(models.Model):
     UPDATE and DELETE are refused by a database trigger (see the migration).
     """
 
+    # No indexes of their own: event_run_created starts with run; user is only
+    # looked for by the audit page, through event_actions.
     run = models.ForeignKey(
         Run,
         null=True,
@@ -321,6 +389,7 @@ class Event(models.Model):
         on_delete=models.DO_NOTHING,
         related_name="events",
         db_constraint=False,
+        db_index=False,
     )
     step = models.IntegerField(null=True, blank=True)
     kind = models.CharField(max_length=40)
@@ -332,6 +401,7 @@ class Event(models.Model):
         on_delete=models.DO_NOTHING,
         related_name="+",
         db_constraint=False,
+        db_index=False,
     )
     reason = models.TextField(blank=True)
     payload = models.JSONField(default=dict)
@@ -340,8 +410,11 @@ class Event(models.Model):
     class Meta:
         ordering = ["created_at", "id"]
         indexes = [
-            # The audit page: newest operator actions first, by kind.
-            models.Index(fields=["kind", "-created_at"], name="event_kind_created"),
+            # The audit page: newest operator actions first. The system's own events
+            # (one or more per step) stay out of it.
+            models.Index(
+                fields=["-created_at"], condition=Q(user__isnull=False), name="event_actions"
+            ),
             models.Index(fields=["run", "created_at"], name="event_run_created"),
         ]
 
