@@ -249,7 +249,8 @@ def fork_run(
             next_step=first,
             phase=str(phase or ""),
         )
-        snap, node = snapshots.build(fork.pk, first, "pre", new_state, None, None)
+        # A reference to the source (plus the edits), not a copy of the whole state.
+        snap, node = snapshots.fork(fork.pk, first, source, source_state, new_state, edits)
         snap.save()
         record_event(
             "run_forked",

@@ -6,14 +6,22 @@ for post). A snapshot is stored as
   before it), no data;
 - DELTA: ops (agentrun.delta) turning the previous state into this one;
 - FULL: the whole state, a keyframe, written whenever the delta bytes since
-  the last keyframe would outweigh the state itself.
+  the last keyframe would outweigh the state itself;
+- FORK: a fork's first snapshot: the state of its source snapshot in the
+  parent run (`Run.forked_from`), plus ops when the state was edited. Its
+  chain_bytes include the source's, so the keyframe rule bounds a read that
+  crosses into the parent run too.
 Reading any snapshot costs one keyframe plus at most a state's worth of
-deltas; total storage stays within a small multiple of what changed.
+deltas; total storage stays within a small multiple of what changed. `data`
+is stored zlib-compressed (models.CompressedJSONField).
 """
 
 from __future__ import annotations
 
+import gc
 import json
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +70,10 @@ def encode(
     return Encoded(SnapshotKind.DELTA, ops, node, ops_bytes, chain, prev.keyframe_seq)
 
 
+def _phase(state: Any) -> str:
+    return str(state.get("phase", "")) if isinstance(state, dict) else ""
+
+
 def build(
     run_id: Any,
     step: int,
@@ -88,7 +100,7 @@ def build(
         size=enc.node.size,
         stored_bytes=enc.stored_bytes,
         chain_bytes=enc.chain_bytes,
-        phase=str(state.get("phase", "")) if isinstance(state, dict) else "",
+        phase=_phase(state),
         outcome=outcome,
     )
     return snapshot, enc.node
@@ -113,26 +125,120 @@ def reference(run_id: Any, step: int, at: str, prev: Snapshot) -> Snapshot:
     )
 
 
-def _replay(rows: list[Snapshot]) -> Any:
+def fork(
+    run_id: Any,
+    step: int,
+    source: Snapshot,
+    source_state: dict[str, Any],
+    state: dict[str, Any],
+    ops: list | None = None,
+) -> tuple[Snapshot, hashing.Node]:
+    """An unsaved first (pre) snapshot of fork `run_id`, whose `forked_from` is `source`.
+
+    It refers to `source` instead of copying the state, with the edit's ops
+    (`delta.diff(source_state, state)`, computed here unless given) when the
+    state was edited; a keyframe when the ops would outweigh the state.
+    """
+    if ops is None:
+        ops = delta.diff(source_state, state) if state is not source_state else []
+    node = hashing.build(state)
+    ops_bytes = _json_bytes(ops) if ops else 0
+    chain = source.chain_bytes + ops_bytes
+    if chain > node.size:
+        snap, _ = build(run_id, step, "pre", state, None, None)
+        return snap, node
+    seq = Snapshot.seq_for(step, "pre")
+    snapshot = Snapshot(
+        run_id=run_id,
+        step=step,
+        at="pre",
+        seq=seq,
+        kind=SnapshotKind.FORK,
+        data=ops or None,
+        keyframe_seq=seq,
+        hash=node.hex,
+        size=node.size,
+        stored_bytes=ops_bytes,
+        chain_bytes=chain,
+        phase=_phase(state),
+        outcome="",
+    )
+    return snapshot, node
+
+
+# --- reading -------------------------------------------------------------------
+
+
+def _fork_source_state(run_id: Any) -> Any:
+    return load_state(Snapshot.objects.get(forks__pk=run_id))
+
+
+def _replay(run_id: Any, rows: Iterable[tuple[int, str, Any]]) -> Iterator[tuple[int, Any]]:
+    """(seq, state) for each of a run's (seq, kind, data) rows, from a keyframe or fork on."""
     state: Any = None
-    for row in rows:
-        if row.kind == SnapshotKind.FULL:
-            state = row.data
-        elif row.kind == SnapshotKind.DELTA:
-            state = delta.patch(state, row.data)
-    return state
+    for seq, kind, data in rows:
+        if kind == SnapshotKind.DELTA:
+            state = delta.patch(state, data)
+        elif kind == SnapshotKind.FULL:
+            state = data
+        elif kind == SnapshotKind.FORK:
+            state = _fork_source_state(run_id)
+            if data:
+                state = delta.patch(state, data)
+        yield seq, state
+
+
+def _rows(run_id: Any, first_seq: int, last_seq: int) -> Any:
+    return (
+        Snapshot.objects.filter(run_id=run_id, seq__gte=first_seq, seq__lte=last_seq)
+        .order_by("seq")
+        .values_list("seq", "kind", "data")
+    )
 
 
 def load_state(snapshot: Snapshot) -> dict[str, Any]:
     """The exact state stored at `snapshot`: its keyframe plus the deltas after it."""
     if snapshot.kind == SnapshotKind.FULL:
         return snapshot.data
-    rows = list(
-        Snapshot.objects.filter(
-            run_id=snapshot.run_id, seq__gte=snapshot.keyframe_seq, seq__lte=snapshot.seq
-        ).order_by("seq")
-    )
-    return _replay(rows)
+    rows = _rows(snapshot.run_id, snapshot.keyframe_seq, snapshot.seq)
+    last: tuple[int, Any] = (snapshot.seq, None)
+    for last in _replay(snapshot.run_id, rows):  # noqa: B007 - the last state is the answer
+        pass
+    return last[1]
+
+
+def load_states(snaps: Sequence[Snapshot]) -> list[Any]:
+    """The states of `snaps` (any runs, any order), in the same order.
+
+    Targets of one run whose chains overlap are served by one pass over the
+    rows, and consecutive states share every untouched subtree.
+    """
+    states: dict[int, Any] = {}
+    by_run: dict[Any, list[Snapshot]] = {}
+    for snap in snaps:
+        if snap.kind == SnapshotKind.FULL and snap.data is not None:
+            states[snap.pk] = snap.data
+        else:
+            by_run.setdefault(snap.run_id, []).append(snap)
+    for run_id, wanted in by_run.items():
+        for group in _passes(sorted(wanted, key=lambda s: s.seq)):
+            targets = {s.seq: s.pk for s in group}
+            rows = _rows(run_id, group[0].keyframe_seq, group[-1].seq)
+            for seq, state in _replay(run_id, rows.iterator(chunk_size=200)):
+                if seq in targets:
+                    states[targets[seq]] = state
+    return [states[s.pk] for s in snaps]
+
+
+def _passes(wanted: list[Snapshot]) -> list[list[Snapshot]]:
+    """Targets that one replay can serve: each starts before the previous target's end."""
+    groups: list[list[Snapshot]] = []
+    for snap in wanted:
+        if groups and snap.keyframe_seq <= groups[-1][-1].seq:
+            groups[-1].append(snap)
+        else:
+            groups.append([snap])
+    return groups
 
 
 def get(run_id: Any, step: int, at: str) -> Snapshot:
@@ -143,15 +249,31 @@ def load(run_id: Any, step: int, at: str) -> dict[str, Any]:
     return load_state(get(run_id, step, at))
 
 
+_FIELDS = [f.attname for f in Snapshot._meta.concrete_fields]
+_DATA = _FIELDS.index("data")
+_SEQ, _KIND = _FIELDS.index("seq"), _FIELDS.index("kind")
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Building thousands of containers that all stay alive makes the cyclic GC
+    rescan them again and again (a third of a long history's time); none of them
+    is garbage, so let it run once afterwards instead."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def history(run_id: Any) -> list[tuple[Snapshot, dict[str, Any]]]:
     """Every snapshot of a run with its state, in order, in one pass."""
-    rows = list(Snapshot.objects.filter(run_id=run_id).order_by("seq"))
-    out: list[tuple[Snapshot, dict[str, Any]]] = []
-    state: Any = None
-    for row in rows:
-        if row.kind == SnapshotKind.FULL:
-            state = row.data
-        elif row.kind == SnapshotKind.DELTA:
-            state = delta.patch(state, row.data)
-        out.append((row, state))
-    return out
+    with _gc_paused():
+        rows = list(Snapshot.objects.filter(run_id=run_id).order_by("seq").values_list(*_FIELDS))
+        states = _replay(run_id, ((r[_SEQ], r[_KIND], r[_DATA]) for r in rows))
+        return [
+            (Snapshot.from_db("default", _FIELDS, row), state)
+            for row, (_, state) in zip(rows, states, strict=True)
+        ]
