@@ -177,6 +177,10 @@ CELERY_TASK_TIME_LIMIT = AGENTRUN_STEP_TIME_LIMIT + 30
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Celery's Django fixup closes the database connections before and after every task
+# unless this is set, then once every this many tasks; in between agentrun.celery
+# closes them as Django does after a request (broken, or older than CONN_MAX_AGE).
+CELERY_DB_REUSE_MAX = 1000
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 AGENTRUN_RECONCILE_EVERY = env_float("AGENTRUN_RECONCILE_EVERY", 5.0)
 CELERY_BEAT_SCHEDULE = {
