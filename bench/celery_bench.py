@@ -10,7 +10,11 @@ Run on its own (only the worker cases, nothing in-process):
     .venv/bin/python -m bench.celery_bench --e2e grow:200 --repeats 2 --throughput 1,2
 
 BENCH_WORKER_ARGS (space-separated) replaces the pool flags of WORKER_ARGS, to compare
-worker command lines.
+worker command lines. With --phases the workers also load this module, which then
+splits the gap between two steps of a run (BENCH_PHASES, Redis list "bench:phases"):
+the next step's message published (on the commit, in the pool process), its task
+received by the worker's consumer process, and started in a pool process. The extra
+Redis pushes cost a little time themselves: compare figures taken the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from bench.stats import steps_summary
 from bench.wl import ROOT
 
 TIMING_KEY = "bench:steps"
+PHASES_KEY = "bench:phases"
 # The pool flags of every worker started here (production's, see README).
 WORKER_ARGS = ["-P", "prefork", "-c", "1"]
 
@@ -68,6 +73,11 @@ class Worker:
             **os.environ,
             **env.environment(),
             "AGENTRUN_ENQUEUE": "1",
+            **(
+                {"AGENTRUN_AGENT_MODULES": "bench.agent,bench.celery_bench"}
+                if os.environ.get("BENCH_PHASES")
+                else {}
+            ),
             "BENCH_TIMING_REDIS": env.BROKER_URL,
             "PYTHONUNBUFFERED": "1",
         }
@@ -171,6 +181,53 @@ def wait_finished(run_ids: list[Any], deadline: float, poll: float = 0.25) -> No
         time.sleep(poll)
 
 
+def _push_phase(kind: str, run_id: Any, step: Any) -> None:
+    from bench.agent import _client
+
+    _client().rpush(PHASES_KEY, json.dumps([kind, str(run_id), int(step), time.time()]))
+
+
+def _on_published(sender: str = "", body: Any = None, **_: Any) -> None:
+    if sender == "agentrun.execute_step":
+        _push_phase("published", *body[0])
+
+
+def _on_received(request: Any = None, **_: Any) -> None:
+    if request is not None and request.name == "agentrun.execute_step":
+        _push_phase("received", *request.args)
+
+
+if os.environ.get("BENCH_PHASES") and os.environ.get("BENCH_TIMING_REDIS"):
+    from celery.signals import after_task_publish, task_received
+
+    after_task_publish.connect(_on_published, weak=False)
+    task_received.connect(_on_received, weak=False)
+
+
+def phases(run_id: str, rows: list[list[Any]]) -> dict[str, Any]:
+    """Split each gap between steps k and k+1 of a run (see the module docstring)."""
+    marks: dict[tuple[str, int], float] = {}
+    for kind, rid, step, t in (json.loads(x) for x in redis_client().lrange(PHASES_KEY, 0, -1)):
+        if rid == run_id:
+            marks.setdefault((kind, step), t)
+    parts: dict[str, list[float]] = {
+        "publish→task end": [],
+        "publish→received": [],
+        "task end→received": [],
+        "received→started": [],
+    }
+    for prev, row in zip(rows, rows[1:], strict=False):
+        step, end, start = row[1], prev[4], row[3]
+        pub, recv = marks.get(("published", step)), marks.get(("received", step))
+        if pub is None or recv is None:
+            continue
+        parts["publish→task end"].append((end - pub) * 1000)
+        parts["publish→received"].append((recv - pub) * 1000)
+        parts["task end→received"].append((recv - end) * 1000)
+        parts["received→started"].append((start - recv) * 1000)
+    return {k: steps_summary(v) for k, v in parts.items() if v}
+
+
 def e2e_repeat(
     variant: str, n: int, budget_s: float, workers: Workers | None = None
 ) -> dict[str, Any]:
@@ -186,7 +243,7 @@ def e2e_repeat(
     from bench.measure import check_state, inputs
 
     env.truncate()
-    redis_client().delete(TIMING_KEY)
+    redis_client().delete(TIMING_KEY, PHASES_KEY)
     settings.AGENTRUN_ENQUEUE = True
     cpu0 = workers.cpu_s() if workers else 0.0
     try:
@@ -215,6 +272,8 @@ def e2e_repeat(
     out["task_ms"] = steps_summary([(r[4] - r[3]) * 1000 for r in rows[1:n]])
     out["task_cpu_ms"] = steps_summary([r[6] for r in rows[1:n]])
     out["queue_gap_ms"] = steps_summary([(rows[i][3] - rows[i - 1][4]) * 1000 for i in range(1, n)])
+    if os.environ.get("BENCH_PHASES"):
+        out["phases"] = phases(str(run.pk), rows[: n + 1])
     if workers:
         out["worker_cpu_ms_per_step"] = (workers.cpu_s() - cpu0) * 1000 / (n + 1)
     out["fingerprint_final"] = check_state(
@@ -280,7 +339,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5, help="echo steps per scripted run")
     p.add_argument("--budget", type=float, default=900.0, help="seconds per case")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--phases", action="store_true", help="split the gap between steps")
     args = p.parse_args()
+    if args.phases:
+        os.environ["BENCH_PHASES"] = "1"
 
     env.setup()
     print("worker:", " ".join(os.environ.get("BENCH_WORKER_ARGS", "").split() or WORKER_ARGS))
@@ -295,6 +357,8 @@ def main() -> int:
                         rep = e2e_repeat(variant, int(n), args.budget, workers)
                         results["e2e"].append(rep)
                         print(_brief_e2e(rep), flush=True)
+                        for name, ph in rep.get("phases", {}).items():
+                            print(f"    {name}: {ph['median']:.2f} ms (p90 {ph['p90']:.2f})")
         for count in (int(x) for x in args.throughput.split(",") if x):
             reset_broker()
             tp = throughput(count, args.runs, args.steps, args.budget)
