@@ -16,6 +16,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from uuid import UUID
 
@@ -42,7 +43,10 @@ _REMOVED = {
 
 @dataclass
 class Change:
-    """One difference. `op` is added | removed | changed | appended | inserted | dropped."""
+    """One difference. `op` is added | removed | changed | appended | inserted | dropped.
+
+    What a template shows (previews, the text diff) is worked out once per change.
+    """
 
     op: str
     path: Path
@@ -59,15 +63,15 @@ class Change:
     def count(self) -> int:
         return len(self.items) if self.op in ("appended", "inserted", "dropped") else 1
 
-    @property
+    @cached_property
     def old_preview(self) -> Preview | None:
         return None if self.old is MISSING else Preview.of(self.old)
 
-    @property
+    @cached_property
     def new_preview(self) -> Preview | None:
         return None if self.new is MISSING else Preview.of(self.new)
 
-    @property
+    @cached_property
     def item_previews(self) -> list[tuple[int, Preview]]:
         return [(self.index + i, Preview.of(item)) for i, item in enumerate(self.items[:50])]
 
@@ -75,7 +79,7 @@ class Change:
     def more_items(self) -> int:
         return max(0, len(self.items) - 50)
 
-    @property
+    @cached_property
     def text_diff(self) -> list[tuple[str, str]] | None:
         if not (self.op == "changed" and isinstance(self.old, str) and isinstance(self.new, str)):
             return None

@@ -103,7 +103,7 @@ def resolve(value: Any, path: Sequence[str | int]) -> Any:
 class TreeOptions:
     link: Callable[[Path, int | None], str]  # url of the subtree page for (path, from)
     budget: int = 3000
-    per_container: int = 200
+    per_container: int = 100  # a page of a list: the newest 100, links to the rest
     open_depth: int = 2
 
 
