@@ -248,8 +248,11 @@ def _snapshot_context(run: Run, number: int, at: str) -> dict[str, Any]:
 @role_required
 def snapshot(request: HtmxHttpRequest, run_id: Any, number: int, at: str) -> HttpResponse:
     run = get_run_for(request, run_id)
-    snap = get_object_or_404(Snapshot, run=run, step=number, at=at)
-    [state] = load_states([snap])
+    page = _snapshot_context(run, number, at)
+    snap = page["snaps"].get(at)
+    if snap is None:
+        raise Http404("no such snapshot")
+    [state] = load_states([snap])  # a keyframe's data is read here, a delta's from the chain
     try:
         path = parse_path(request.GET.get("path", ""))
         value = resolve(state, path)
@@ -265,7 +268,7 @@ def snapshot(request: HtmxHttpRequest, run_id: Any, number: int, at: str) -> Htt
         size=snap.size if not path else None,
     )
     context = {
-        **_snapshot_context(run, number, at),
+        **page,
         "snap": snap,
         "tree": tree,
         "path": path,
@@ -310,11 +313,13 @@ def snapshot_json(request: HttpRequest, run_id: Any, number: int, at: str) -> Ht
 @role_required
 def step_diff(request: HtmxHttpRequest, run_id: Any, number: int) -> HttpResponse:
     run = get_run_for(request, run_id)
-    pre, post = _snapshot(run, number, "pre"), _snapshot(run, number, "post")
-    result = diff_snapshots(pre, post)
+    page = _snapshot_context(run, number, "diff")
+    pre, post = page["snaps"].get("pre"), page["snaps"].get("post")
+    if pre is None or post is None:
+        raise Http404("no such snapshot")
     context = {
-        **_snapshot_context(run, number, "diff"),
-        "diff": result,
+        **page,
+        "diff": diff_snapshots(pre, post),
         "a": pre,
         "b": post,
         "a_ref": SnapshotRef(run.pk, number, "pre"),
