@@ -21,18 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q, Value
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from agentrun import delta, hashing, snapshots
+from agentrun import delta, hashing, rawsql, snapshots
 from agentrun.agents import Agent, AgentError, Call, CallResult, Decision, StepContext, get_agent
 from agentrun.events import record_event
 from agentrun.models import (
+    Event,
     ReplayMode,
     Run,
     RunStatus,
@@ -168,31 +168,28 @@ def execute_step(run_id: Any, number: int, owner: str | None = None) -> Outcome:
 def claim(run_id: str, number: int, owner: str) -> _Ctx | None:
     """Take the lease on (run, step) and make sure its pre snapshot exists."""
     now = timezone.now()
-    due = Q(status__in=CLAIMABLE) | Q(status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF)
-    with transaction.atomic():
-        _relax_commit()
-        claimed = (
-            Run.objects.filter(pk=run_id, next_step=number)
-            .filter(due)
-            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-            .filter(Q(wake_at__isnull=True) | Q(wake_at__lte=now))
-            .update(
-                status=RunStatus.RUNNING,
-                wait_reason="",
-                wake_at=None,
-                lease_owner=owner,
-                lease_expires_at=now + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS),
-                started_at=Coalesce(F("started_at"), Value(now)),
-                updated_at=now,
-            )
-        )
-        if claimed != 1:
-            log.debug("step %s of %s is not claimable now", number, run_id)
+    if connection.vendor == "postgresql":
+        claimed = _claim_pg(run_id, number, owner, now)
+        if claimed is None:
             return None
-        run = Run.objects.get(pk=run_id)
-        agent = get_agent(run.agent)
+        run, step, pre = claimed
+    else:
+        with transaction.atomic():
+            run = _claim_run(run_id, number, owner, now)
+            if run is None:
+                return None
+            step, pre = None, None
+    agent = get_agent(run.agent)
+    if pre is None:
         pre, pre_state, pre_node = _ensure_pre_snapshot(run, number, agent)
+    else:
+        pre_state, pre_node = _state_of(str(run.pk), pre)
+    if step is None:
         step = _upsert_step(run, number, str(pre_state.get("phase", "")), now)
+    elif step.attempts == 1 and step.phase_before != pre.phase:
+        # The run's very first step: its pre snapshot was only just written.
+        step.phase_before = pre.phase
+        step.save(update_fields=["phase_before"])
     return _Ctx(
         run=run,
         step=step,
@@ -204,16 +201,121 @@ def claim(run_id: str, number: int, owner: str) -> _Ctx | None:
     )
 
 
-def _relax_commit() -> None:
-    """Make the current (claim) transaction's commit asynchronous on PostgreSQL.
+_DUE = (
+    "next_step = %s AND (status IN ('queued', 'running') OR (status = 'waiting'"
+    " AND wait_reason = 'backoff')) AND (lease_expires_at IS NULL OR lease_expires_at < %s)"
+    " AND (wake_at IS NULL OR wake_at <= %s)"
+)
 
-    Losing a claim in a database crash costs nothing: the lease is taken
-    again. Every later synchronous commit (the decision, the step) flushes the
-    WAL up to and including it, so nothing durable ever depends on a lost claim.
+
+def _claim_set(run_id: str, number: int, owner: str, now: Any) -> tuple[str, list[Any]]:
+    """The claim as `UPDATE run SET ... WHERE <due>` and its parameters."""
+    params = [
+        owner,
+        rawsql.prep(Run, "lease_expires_at", now + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS)),
+        rawsql.prep(Run, "started_at", now),
+        rawsql.prep(Run, "updated_at", now),
+        rawsql.prep(Run, "id", run_id),
+        number,
+        rawsql.prep(Run, "lease_expires_at", now),
+        rawsql.prep(Run, "wake_at", now),
+    ]
+    return _claim_sql(), params
+
+
+@cache
+def _claim_sql() -> str:
+    return (
+        f"UPDATE {rawsql.table(Run)} SET status = 'running', wait_reason = '', wake_at = NULL,"
+        " lease_owner = %s, lease_expires_at = %s, started_at = COALESCE(started_at, %s),"
+        f" updated_at = %s WHERE id = %s AND {_DUE}"
+    )
+
+
+def _claim_run(run_id: str, number: int, owner: str, now: Any) -> Run | None:
+    sql, params = _claim_set(run_id, number, owner, now)
+    names = rawsql.attnames(Run)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {rawsql.select_list(Run)}", params)
+        row = cursor.fetchone()
+    return None if row is None else rawsql.from_row(Run, names, row)
+
+
+@cache
+def _claim_pg_sql() -> tuple[str, tuple[str, ...]]:
+    """The one-statement claim (see _claim_pg) and the snapshot columns it returns."""
+    snap_names = tuple(n for n in rawsql.attnames(Snapshot) if n != "data")
+    fixed = {
+        "step": "%s::integer",
+        "at": "'pre'",
+        "seq": "%s::integer",
+        "kind": "'ref'",
+        "data": "NULL",
+        "stored_bytes": "0",
+        "outcome": "''",
+        "created_at": "%s::timestamptz",
+    }
+    ref_cols = [f for f in Snapshot._meta.concrete_fields if not f.primary_key]
+    insert_cols = ", ".join(rawsql.column(Snapshot, f.attname) for f in ref_cols)
+    insert_vals = ", ".join(
+        fixed.get(f.attname, "l." + rawsql.column(Snapshot, f.attname)) for f in ref_cols
+    )
+    returning = ", ".join(rawsql.column(Snapshot, n) for n in snap_names)
+    snap_t, step_t = rawsql.table(Snapshot), rawsql.table(Step)
+    statement = (
+        f"WITH r AS ({_claim_sql()} RETURNING {rawsql.select_list(Run)}), "
+        f"s AS (INSERT INTO {step_t} (run_id, number, status, attempts, phase_before, phase_after,"
+        " decision_count, tokens_in, tokens_out, started_at)"
+        " SELECT r.id, %s::integer, 'running', 1, COALESCE((SELECT phase FROM"
+        f" {snap_t} WHERE run_id = r.id AND seq <= %s::integer ORDER BY seq DESC LIMIT 1), ''),"
+        " '', 0, 0, 0, %s::timestamptz FROM r"
+        " ON CONFLICT (run_id, number) DO UPDATE SET"
+        f" attempts = {step_t}.attempts + 1, status = 'running'"
+        f" RETURNING {rawsql.select_list(Step)}), "
+        f"p AS (INSERT INTO {snap_t} ({insert_cols}) SELECT {insert_vals} FROM r,"
+        f" LATERAL (SELECT * FROM {snap_t} WHERE run_id = r.id AND seq < %s::integer"
+        " ORDER BY seq DESC LIMIT 1) l"
+        f" ON CONFLICT (run_id, seq) DO NOTHING RETURNING {returning}) "
+        "SELECT r.*, s.*, p.* FROM r CROSS JOIN s LEFT JOIN p ON true"
+    )
+    return statement, snap_names
+
+
+def _claim_pg(
+    run_id: str, number: int, owner: str, now: Any
+) -> tuple[Run, Step, Snapshot | None] | None:
+    """The claim in one statement: lease, step row (or one more attempt), pre snapshot.
+
+    The pre snapshot is written as a REF to the latest snapshot before it when
+    there is one and the pre doesn't exist yet; otherwise (first step, a retried
+    step, a fork's first step) the caller finds or builds it.
+    Commits asynchronously: a claim lost in a database crash costs nothing,
+    and every later synchronous commit flushes it.
     """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+    sql, params = _claim_set(run_id, number, owner, now)
+    seq = Snapshot.seq_for(number, "pre")
+    params += [
+        number,
+        seq,  # phase_before: the phase of the latest snapshot at or before the pre
+        rawsql.prep(Step, "started_at", now),
+        number,
+        seq,
+        rawsql.prep(Snapshot, "created_at", now),
+        seq,
+    ]
+    statement, snap_names = _claim_pg_sql()
+    step_names, run_names = rawsql.attnames(Step), rawsql.attnames(Run)
+    row = rawsql.run_statement(statement, params, sync=False)
+    if row is None:
+        log.debug("step %s of %s is not claimable now", number, run_id)
+        return None
+    a, b = len(run_names), len(run_names) + len(step_names)
+    run = rawsql.from_row(Run, run_names, row[:a])
+    step = rawsql.from_row(Step, step_names, row[a:b])
+    pre = None
+    if row[b] is not None:
+        pre = rawsql.from_row(Snapshot, snap_names, row[b:])
+    return run, step, pre
 
 
 _STEP_UPSERT = """
@@ -270,11 +372,20 @@ def _guarded(ctx: _Ctx, **changes: Any) -> None:
         raise LeaseLost(f"run {ctx.run.pk} step {ctx.step.number}")
 
 
+_CALL_FIELDS = ["status", "result", "error", "attempts", "finished_at", "from_cache"]
+
+
+def _save_call(tc: ToolCall, fields: list[str]) -> None:
+    """Save these fields of a call; a read call not yet on record is inserted whole."""
+    if tc.pk is None:
+        tc.save()
+    else:
+        tc.save(update_fields=fields)
+
+
 def _flush_pending(ctx: _Ctx) -> None:
     for tc in ctx.pending:
-        tc.save(
-            update_fields=["status", "result", "error", "attempts", "finished_at", "from_cache"]
-        )
+        _save_call(tc, _CALL_FIELDS)
     ctx.pending.clear()
 
 
@@ -282,11 +393,7 @@ def _run_claimed(ctx: _Ctx) -> Outcome:
     decision = _decide(ctx)
     if isinstance(decision, Outcome):
         return decision
-    calls = (
-        ctx.calls
-        if ctx.calls is not None
-        else list(ToolCall.objects.filter(step=ctx.step).order_by("index"))
-    )
+    calls = _calls_of(ctx, decision)
     results: list[CallResult] = []
     for call, tc in zip(decision.calls, calls, strict=True):
         outcome = _act(ctx, call, tc)
@@ -331,21 +438,76 @@ def _decide(ctx: _Ctx) -> Decision | Outcome:
     latency = (time.perf_counter() - started) * 1000
     stored = redact(decision.to_dict())
     llm = decision.llm or {}
-    with transaction.atomic():
-        _guarded(ctx)
-        Step.objects.filter(pk=ctx.step.pk).update(
-            decision=stored,
-            decided_at=timezone.now(),
-            decision_count=F("decision_count") + 1,
-            tokens_in=llm.get("tokens_in", 0),
-            tokens_out=llm.get("tokens_out", 0),
-            llm_latency_ms=llm.get("latency_ms", latency),
-        )
-        ctx.calls = ToolCall.objects.bulk_create(
-            [_planned_call(ctx, i, call) for i, call in enumerate(decision.calls)]
-        )
+    now = timezone.now()
+    write = _lease_guard(ctx, now)
+    write.update(
+        Step,
+        ctx.step.pk,
+        {
+            "decision": stored,
+            "decided_at": now,
+            "decision_count": rawsql.Sql("decision_count + 1"),
+            "tokens_in": llm.get("tokens_in", 0),
+            "tokens_out": llm.get("tokens_out", 0),
+            "llm_latency_ms": llm.get("latency_ms", latency),
+        },
+    )
+    ctx.calls = [_planned_call(ctx, i, call) for i, call in enumerate(decision.calls)]
+    # Calls that must be on record before they run: side effects (their intent)
+    # and calls awaiting approval. A read call's row is written with its result.
+    early = [tc for tc in ctx.calls if tc.kind in SIDE_EFFECTS or tc.requires_approval]
+    for tc in early:
+        write.insert(ToolCall, rawsql.insert_fields(tc), returning=True)
+    ids = write.execute()
+    if ids is None:
+        raise LeaseLost(f"run {ctx.run.pk} step {ctx.step.number}")
+    for tc, pk in zip(early, ids, strict=True):
+        _saved(tc, pk)
     # Work on exactly what was stored, as a retry would.
     return Decision.from_dict(sorted_keys(stored))
+
+
+def _lease_guard(ctx: _Ctx, now: Any, **changes: Any) -> rawsql.Guarded:
+    """A guarded write that extends our lease (and applies `changes` to the run)."""
+    sql, params = _run_update(
+        ctx,
+        {
+            "lease_expires_at": now + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS),
+            "updated_at": now,
+            **changes,
+        },
+    )
+    return rawsql.Guarded(sql, params)
+
+
+def _run_update(ctx: _Ctx, changes: dict[str, Any]) -> tuple[str, list[Any]]:
+    """`UPDATE run SET changes` if we still hold the lease on this step."""
+    params: list[Any] = []
+    sets = ", ".join(
+        f"{rawsql.column(Run, name)} = {rawsql.placeholder(Run, name, value, params)}"
+        for name, value in changes.items()
+    )
+    params += [rawsql.prep(Run, "id", ctx.run.pk), ctx.step.number, ctx.owner]
+    sql = (
+        f"UPDATE {rawsql.table(Run)} SET {sets} WHERE id = %s AND next_step = %s"
+        " AND lease_owner = %s AND status = 'running'"
+    )
+    return sql, params
+
+
+def _saved(obj: Any, pk: Any) -> None:
+    """Mark an object inserted with raw SQL as saved, with its new primary key."""
+    obj.pk = pk
+    obj._state.adding = False
+    obj._state.db = connection.alias
+
+
+def _calls_of(ctx: _Ctx, decision: Decision) -> list[ToolCall]:
+    """The step's tool calls: the ones on record, the rest (reads) as planned, unsaved."""
+    if ctx.calls is not None:
+        return ctx.calls
+    stored = {tc.index: tc for tc in ToolCall.objects.filter(step=ctx.step)}
+    return [stored.get(i) or _planned_call(ctx, i, call) for i, call in enumerate(decision.calls)]
 
 
 def _replay_decision(ctx: _Ctx) -> Decision | None:
@@ -479,7 +641,7 @@ def _act(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | Outcome:
             with transaction.atomic():
                 _guarded(ctx)
                 tc.status = ToolCallStatus.REJECTED
-                tc.save(update_fields=["status"])
+                _save_call(tc, ["status"])
             return _fail(
                 ctx,
                 {
@@ -528,19 +690,24 @@ def _was_invoked(tc: ToolCall) -> bool:
 
 
 def _read_cache(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | None:
-    hit = (
-        ToolCall.objects.filter(
-            run=ctx.run, tool=tc.tool, args_hash=tc.args_hash, status=ToolCallStatus.OK
-        )
-        .exclude(pk=tc.pk)
-        .order_by("created_at")
-        .first()
+    """The result of the same read call made earlier in this run, if any."""
+    params = [rawsql.prep(ToolCall, "run_id", ctx.run.pk), tc.tool, tc.args_hash]
+    mine = ""
+    if tc.pk is not None:
+        mine, params = " AND id <> %s", [*params, tc.pk]
+    sql = (
+        f"SELECT {rawsql.column(ToolCall, 'result')} FROM {rawsql.table(ToolCall)}"
+        f" WHERE run_id = %s AND tool = %s AND args_hash = %s AND status = 'ok'{mine}"
+        " ORDER BY created_at LIMIT 1"
     )
-    if hit is None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
         return None
     tc.status, tc.result, tc.from_cache, tc.finished_at = (
         ToolCallStatus.OK,
-        hit.result,
+        rawsql.convert(ToolCall, "result", row[0]),
         True,
         timezone.now(),
     )
@@ -630,7 +797,7 @@ def _attempt_start(ctx: _Ctx, tc: ToolCall, call: Call) -> None:
         with transaction.atomic():
             _guarded(ctx)
             _flush_pending(ctx)
-            tc.save(update_fields=["attempts", "status"])
+            _save_call(tc, ["attempts", "status"])
     if fault == "crash_before":
         log.warning("fault crash_before %s: exiting", tc.idempotency_key)
         os._exit(70)
@@ -748,7 +915,7 @@ def _backoff(ctx: _Ctx, tc: ToolCall | None, seconds: float, message: str) -> Ou
         )
         _flush_pending(ctx)
         if tc is not None:
-            tc.save(update_fields=["status", "error", "attempts"])
+            _save_call(tc, ["status", "error", "attempts"])
             payload = {"tool": tc.tool, "key": tc.idempotency_key, "attempt": len(tc.attempts)}
         else:
             payload = {"attempt": ctx.step.attempts}
@@ -770,7 +937,7 @@ def _park(ctx: _Ctx, tc: ToolCall, reason: str, tc_status: str, event: str) -> O
         )
         _flush_pending(ctx)
         tc.status = tc_status
-        tc.save(update_fields=["status"])
+        _save_call(tc, ["status"])
         Step.objects.filter(pk=ctx.step.pk).update(status=StepStatus.WAITING)
         record_event(
             event,
@@ -860,8 +1027,8 @@ def _write_post(
         "lease_expires_at": None,
         "phase": snap.phase,
         "status": run_status,
-        "tokens_in": F("tokens_in") + llm.get("tokens_in", 0),
-        "tokens_out": F("tokens_out") + llm.get("tokens_out", 0),
+        "tokens_in": rawsql.Sql(f"tokens_in + {int(llm.get('tokens_in', 0))}"),
+        "tokens_out": rawsql.Sql(f"tokens_out + {int(llm.get('tokens_out', 0))}"),
         "updated_at": now,
     }
     if terminal:
@@ -873,43 +1040,73 @@ def _write_post(
     if number + 1 - ctx.run.first_step >= settings.AGENTRUN_MAX_STEPS and not terminal:
         run_changes.update(status=RunStatus.FAILED, finished_at=now, error="step limit reached")
         terminal = True
+    # One guarded write: the compare-and-set on the run, then everything else.
+    write = rawsql.Guarded(*_run_update(ctx, run_changes))
+    write.insert(Snapshot, rawsql.insert_fields(snap), returning=True)
+    new_calls = [tc for tc in ctx.pending if tc.pk is None]
+    for tc in ctx.pending:
+        if tc.pk is None:
+            write.insert(ToolCall, rawsql.insert_fields(tc), returning=True)
+        else:
+            write.update(ToolCall, tc.pk, {f: getattr(tc, f) for f in _CALL_FIELDS})
+    write.update(
+        Step,
+        ctx.step.pk,
+        {
+            "status": step_status,
+            "phase_after": snap.phase,
+            "failure": failure,
+            "finished_at": now,
+            "duration_ms": round((time.perf_counter() - ctx.started) * 1000, 3),
+            "state_size": snap.size,
+        },
+    )
+    _event(
+        write,
+        ctx,
+        "step_failed" if failure else "step_committed",
+        {"hash": snap.hash[:16], "phase": snap.phase},
+        now,
+    )
+    if terminal:
+        status_now = run_changes["status"]
+        _event(
+            write,
+            ctx,
+            f"run_{status_now}",
+            {"error": run_changes.get("error", "")} if failure else {},
+            now,
+        )
     try:
-        with transaction.atomic():
-            n = Run.objects.filter(
-                pk=ctx.run.pk, next_step=number, lease_owner=ctx.owner, status=RunStatus.RUNNING
-            ).update(**run_changes)
-            if n != 1:
-                raise LeaseLost(f"commit of step {number} refused")
-            snap.save()
-            _flush_pending(ctx)
-            Step.objects.filter(pk=ctx.step.pk).update(
-                status=step_status,
-                phase_after=snap.phase,
-                failure=failure,
-                finished_at=now,
-                duration_ms=round((time.perf_counter() - ctx.started) * 1000, 3),
-                state_size=snap.size,
-            )
-            record_event(
-                "step_failed" if failure else "step_committed",
-                run=ctx.run,
-                step=number,
-                payload={"hash": snap.hash[:16], "phase": snap.phase},
-            )
-            if terminal:
-                record_event(
-                    f"run_{run_changes['status']}",
-                    run=ctx.run,
-                    step=number,
-                    payload={"error": run_changes.get("error", "")} if failure else {},
-                )
-            else:
-                enqueue(ctx.run.pk, number + 1)
-    except (LeaseLost, IntegrityError) as exc:
+        ids = write.execute()
+    except IntegrityError as exc:
         raise LeaseLost(str(exc)) from exc
+    if ids is None:
+        raise LeaseLost(f"commit of step {number} refused")
+    _saved(snap, ids[0])
+    for tc, pk in zip(new_calls, ids[1:], strict=True):
+        _saved(tc, pk)
+    ctx.pending.clear()
+    if not terminal:
+        enqueue(ctx.run.pk, number + 1)
     _cache_put(str(ctx.run.pk), snap.seq, snap.hash, post_state, node)
     status = "failed" if failure else ("finished" if terminal else "committed")
     return Outcome(status, str(ctx.run.pk), number)
+
+
+def _event(write: rawsql.Guarded, ctx: _Ctx, kind: str, payload: dict[str, Any], now: Any) -> None:
+    """Append a system event to a guarded write (cf. events.record_event)."""
+    values = {
+        "run_id": ctx.run.pk,
+        "step": ctx.step.number,
+        "kind": kind,
+        "actor": "system",
+        "user_id": None,
+        "reason": "",
+        "payload": redact(payload),
+        "created_at": now,
+    }
+    write.insert(Event, values)
 
 
 # --- compensation ---------------------------------------------------------------------

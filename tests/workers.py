@@ -127,3 +127,10 @@ def wait_until(
             return value
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what or check}")
+
+
+def decided(run: Any, number: int) -> Callable[[], bool]:
+    """True once step `number` has its decision on record, i.e. its tool calls are about to run."""
+    from agentrun.models import Step
+
+    return lambda: Step.objects.filter(run=run, number=number, decision__isnull=False).exists()

@@ -6,7 +6,7 @@ import pytest
 from agentrun import services
 from agentrun.models import InventoryItem, OutboxMessage, Reservation, Step, ToolCall
 from tests.base import calls, final, make_people, make_run, script
-from tests.workers import wait_until
+from tests.workers import decided, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -117,7 +117,7 @@ def test_cancel_compensates_the_reservations_in_reverse_order(start_worker):
         )
     )
     start_worker()
-    wait_until(lambda: ToolCall.objects.filter(run=run, tool="sleep").exists(), what="step 2")
+    wait_until(decided(run, 2), what="step 2")
     services.cancel_run(run, user=olga, reason="customer called")
     assert run.status == "cancelled"
     held = Reservation.objects.filter(run=run).order_by("released_at")

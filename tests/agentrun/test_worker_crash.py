@@ -7,7 +7,7 @@ import pytest
 
 from agentrun.models import LedgerEntry, LedgerInvocation, Run, Step, ToolCall
 from tests.base import calls, final, make_run, script
-from tests.workers import wait_until
+from tests.workers import decided, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -45,8 +45,8 @@ def test_it_resumes_after_the_worker_is_killed_mid_step(start_worker):
         )
     )
     first = start_worker(beat=True)
-    # The sleep call is recorded with step 2's decision, just before it runs for 3 s.
-    wait_until(lambda: ToolCall.objects.filter(run=run, tool="sleep").exists(), what="step 2")
+    # Step 2's decision is recorded just before its sleep call runs for 3 s.
+    wait_until(decided(run, 2), what="step 2")
     time.sleep(0.5)
     first.signal(signal.SIGKILL)
     first.proc.wait(timeout=10)

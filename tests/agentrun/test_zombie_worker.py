@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from agentrun.models import Event, Snapshot, Step, ToolCall
+from agentrun.models import Event, Snapshot, Step
 from tests.base import calls, final, make_run, script
-from tests.workers import wait_until
+from tests.workers import decided, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -22,10 +22,8 @@ def test_a_zombie_workers_commit_is_refused_and_writes_nothing(start_worker, set
         )
     )
     zombie = start_worker()
-    # The sleep call is recorded with the decision, right before it runs.
-    wait_until(
-        lambda: ToolCall.objects.filter(run=run, tool="sleep").exists(), what="step 2 to start"
-    )
+    # Step 2's decision is recorded right before its sleep call runs.
+    wait_until(decided(run, 2), what="step 2 to start")
     zombie.signal(signal.SIGSTOP)
     owner = None
     for _ in range(50):

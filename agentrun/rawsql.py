@@ -1,0 +1,307 @@
+"""Raw SQL for the step's hot path: few statements, each doing a lot.
+
+The ORM spends more CPU building a statement than PostgreSQL spends running
+it, and every statement and every transaction boundary is a round trip. The
+engine's claim, decision and commit are each one `Guarded` write: an UPDATE
+of the run row that must match exactly one row (the lease or the
+compare-and-set), plus inserts and updates that take effect only if it did.
+
+On PostgreSQL that is one statement (data-modifying CTEs conditioned on the
+guard), so a commit is one round trip. Statements are sent with server-side
+parameters, so psycopg prepares each shape after a few uses and the server
+skips parsing and planning it. On SQLite (in process, no round trips) it is a
+short transaction: the guard first, the rest only if it matched.
+
+Values go through each field's own get_db_prep_save and come back through its
+converters, so custom fields behave exactly as through the ORM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
+from django.db.backends.utils import CursorWrapper
+
+
+@dataclass(frozen=True)
+class Sql:
+    """A raw SQL expression as a value, e.g. Sql("decision_count + 1")."""
+
+    text: str
+
+
+def db() -> Any:
+    """The default connection itself (not the thread-local proxy: this is a hot path)."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
+@cache
+def table(model: type[models.Model]) -> str:
+    return db().ops.quote_name(model._meta.db_table)
+
+
+@cache
+def _field(model: type[models.Model], name: str) -> models.Field:
+    if name == "pk":
+        return model._meta.pk  # type: ignore[return-value]
+    return model._meta.get_field(name)  # type: ignore[return-value]
+
+
+@cache
+def column(model: type[models.Model], name: str) -> str:
+    return db().ops.quote_name(_field(model, name).column)
+
+
+@cache
+def _placeholder(model: type[models.Model], name: str) -> str:
+    conn = db()
+    if conn.vendor != "postgresql":
+        return "%s"
+    return "%s::" + _field(model, name).cast_db_type(conn)
+
+
+def prep(model: type[models.Model], name: str, value: Any) -> Any:
+    return _field(model, name).get_db_prep_save(value, db())
+
+
+def placeholder(model: type[models.Model], name: str, value: Any, params: list[Any]) -> str:
+    if isinstance(value, Sql):
+        return value.text
+    params.append(prep(model, name, value))
+    return _placeholder(model, name)
+
+
+def insert_fields(obj: models.Model) -> dict[str, Any]:
+    """Every concrete field of an unsaved object but an automatic primary key."""
+    return {
+        f.attname: getattr(obj, f.attname)
+        for f in obj._meta.concrete_fields
+        if not (f.primary_key and getattr(obj, f.attname) is None)
+    }
+
+
+@cache
+def _converters(model: type[models.Model], names: tuple[str, ...]) -> list[Any]:
+    conn = db()
+    out = []
+    for name in names:
+        f = _field(model, name)
+        col = f.get_col(model._meta.db_table)
+        out.append((conn.ops.get_db_converters(col) + f.get_db_converters(conn), col))
+    return out
+
+
+def from_row(model: type[models.Model], names: tuple[str, ...], values: Any) -> Any:
+    """A model instance from raw column values, converted as the ORM would."""
+    conn = db()
+    converted = []
+    for value, (convs, col) in zip(values, _converters(model, names), strict=True):
+        for conv in convs:
+            value = conv(value, col, conn)
+        converted.append(value)
+    return model.from_db(conn.alias, list(names), converted)
+
+
+def convert(model: type[models.Model], name: str, value: Any) -> Any:
+    """One raw column value, converted as the ORM would."""
+    conn = db()
+    [(convs, col)] = _converters(model, (name,))
+    for conv in convs:
+        value = conv(value, col, conn)
+    return value
+
+
+@cache
+def attnames(model: type[models.Model]) -> tuple[str, ...]:
+    return tuple(f.attname for f in model._meta.concrete_fields)
+
+
+@cache
+def select_list(model: type[models.Model]) -> str:
+    return ", ".join(column(model, n) for n in attnames(model))
+
+
+@dataclass
+class _Part:
+    kind: str  # insert | update
+    model: type[models.Model]
+    values: dict[str, Any]
+    pk: Any = None
+    returning: bool = False
+
+    def shape(self) -> tuple[Any, ...]:
+        """What the SQL text of this part depends on (raw values are part of the text)."""
+        return (
+            self.kind,
+            self.model,
+            self.returning,
+            tuple((n, v.text if isinstance(v, Sql) else None) for n, v in self.values.items()),
+        )
+
+    def params(self) -> list[Any]:
+        out = [prep(self.model, n, v) for n, v in self.values.items() if not isinstance(v, Sql)]
+        if self.kind == "update":
+            out.append(prep(self.model, "pk", self.pk))
+        return out
+
+
+def _sets(part: _Part) -> str:
+    return ", ".join(
+        f"{column(part.model, n)} = {v.text if isinstance(v, Sql) else _placeholder(part.model, n)}"
+        for n, v in part.values.items()
+    )
+
+
+def _values(part: _Part) -> tuple[str, str]:
+    cols = ", ".join(column(part.model, n) for n in part.values)
+    phs = ", ".join(
+        v.text if isinstance(v, Sql) else _placeholder(part.model, n)
+        for n, v in part.values.items()
+    )
+    return cols, phs
+
+
+def _pg_statement(guard: str, shapes: tuple[Any, ...], parts: tuple[_Part, ...]) -> str:
+    ctes = [f"g AS ({guard} RETURNING 1)"]
+    outs = ["(SELECT count(*) FROM g)"]
+    for i, part in enumerate(parts):
+        name, tbl, pk = f"c{i}", table(part.model), column(part.model, "pk")
+        if part.kind == "insert":
+            cols, phs = _values(part)
+            ret = f" RETURNING {pk}" if part.returning else ""
+            ctes.append(f"{name} AS (INSERT INTO {tbl} ({cols}) SELECT {phs} FROM g{ret})")
+            if part.returning:
+                outs.append(f"(SELECT * FROM {name})")
+        else:
+            ctes.append(
+                f"{name} AS (UPDATE {tbl} SET {_sets(part)} WHERE {pk} = %s"
+                " AND EXISTS (SELECT 1 FROM g))"
+            )
+    return f"WITH {', '.join(ctes)} SELECT {', '.join(outs)}"
+
+
+class _ShapeKey:
+    """Hashes parts by shape only, so _pg_statement's cache ignores their values."""
+
+    def __init__(self, parts: list[_Part]) -> None:
+        self.parts = tuple(parts)
+        self.key = tuple(p.shape() for p in parts)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ShapeKey) and other.key == self.key
+
+
+@dataclass
+class Guarded:
+    """One guarded write: `guard` is `UPDATE <run table> SET ... WHERE ...` (no RETURNING)."""
+
+    guard: str
+    guard_params: list[Any]
+    parts: list[_Part] = field(default_factory=list)
+
+    def insert(
+        self, model: type[models.Model], values: dict[str, Any], *, returning: bool = False
+    ) -> None:
+        self.parts.append(_Part("insert", model, values, returning=returning))
+
+    def update(self, model: type[models.Model], pk: Any, values: dict[str, Any]) -> None:
+        self.parts.append(_Part("update", model, values, pk=pk))
+
+    def execute(self) -> list[Any] | None:
+        """Run it; None if the guard matched no row (then nothing was written).
+
+        Returns the primary keys of the inserts asked `returning=True`, in order.
+        """
+        if db().vendor == "postgresql":
+            return self._execute_pg()
+        return self._execute_sequential()
+
+    def _execute_pg(self) -> list[Any] | None:
+        sql = _statement(self.guard, self.parts)
+        params = list(self.guard_params)
+        for part in self.parts:
+            params += part.params()
+        row = run_statement(sql, params)
+        if row is None or row[0] != 1:
+            return None
+        return list(row[1:])
+
+    def _execute_sequential(self) -> list[Any] | None:
+        returned: list[Any] = []
+        conn = db()
+        with transaction.atomic(), conn.cursor() as cursor:
+            cursor.execute(self.guard, self.guard_params)
+            if cursor.rowcount != 1:
+                return None
+            for part in self.parts:
+                tbl, pk = table(part.model), column(part.model, "pk")
+                if part.kind == "insert":
+                    cols, phs = _values(part)
+                    ret = f" RETURNING {pk}" if part.returning else ""
+                    cursor.execute(f"INSERT INTO {tbl} ({cols}) VALUES ({phs}){ret}", part.params())
+                    if part.returning:
+                        returned.append(cursor.fetchone()[0])
+                else:
+                    cursor.execute(f"UPDATE {tbl} SET {_sets(part)} WHERE {pk} = %s", part.params())
+        return returned
+
+
+_STATEMENTS: dict[tuple[str, _ShapeKey], str] = {}
+
+
+def _statement(guard: str, parts: list[_Part]) -> str:
+    key = (guard, _ShapeKey(parts))
+    sql = _STATEMENTS.get(key)
+    if sql is None:
+        sql = _STATEMENTS[key] = _pg_statement(guard, key[1].key, key[1].parts)
+    return sql
+
+
+def _cursor(conn: Any) -> CursorWrapper:
+    """A cursor that binds parameters on the server on PostgreSQL (so statements get
+    prepared), wrapped as Django wraps its own (error translation, execute wrappers)."""
+    conn.ensure_connection()
+    if conn.vendor != "postgresql":
+        return conn.cursor()
+    import psycopg
+
+    return CursorWrapper(psycopg.Cursor(conn.connection), conn)
+
+
+def run_statement(sql: str, params: list[Any], *, sync: bool = True) -> Any:
+    """Execute one statement and return its first row (or None), committing it.
+
+    Inside an atomic block (tests, callers' transactions) it runs in a
+    savepoint and commits with the block. Otherwise it is its own transaction;
+    with sync=False on PostgreSQL its commit does not wait for the WAL flush
+    (a later synchronous commit flushes it; only a database crash can lose it).
+    """
+    conn = db()
+    if conn.in_atomic_block:
+        with transaction.atomic(), _cursor(conn) as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone() if cursor.description else None
+    if sync or conn.vendor != "postgresql":
+        with _cursor(conn) as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone() if cursor.description else None
+    # BEGIN, SET LOCAL, the statement and COMMIT in one round trip.
+    with _cursor(conn) as cursor, conn.cursor() as control:
+        pg = conn.connection
+        try:
+            with pg.pipeline():
+                control.execute("BEGIN")
+                control.execute("SET LOCAL synchronous_commit TO OFF")
+                cursor.execute(sql, params)
+                control.execute("COMMIT")
+        except Exception:
+            if pg.info.transaction_status != 0:  # the pipeline stopped inside its transaction
+                pg.execute("ROLLBACK")
+            raise
+        return cursor.fetchone() if cursor.description else None
