@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import DEFERRED
+
 from agentrun import delta, hashing
 from agentrun.models import Snapshot, SnapshotKind
 
@@ -125,6 +127,20 @@ def reference(run_id: Any, step: int, at: str, prev: Snapshot) -> Snapshot:
     )
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Decoding and hashing a big state builds thousands of containers that all stay
+    alive, and the cyclic GC rescans them (and everything else alive) again and again:
+    a third of a long history's time. None of them is garbage; pause it meanwhile."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def fork(
     run_id: Any,
     step: int,
@@ -141,7 +157,8 @@ def fork(
     """
     if ops is None:
         ops = delta.diff(source_state, state) if state is not source_state else []
-    node = hashing.build(state)
+    with _gc_paused():
+        node = hashing.build(state)
     ops_bytes = _json_bytes(ops) if ops else 0
     chain = source.chain_bytes + ops_bytes
     if chain > node.size:
@@ -202,8 +219,9 @@ def load_state(snapshot: Snapshot) -> dict[str, Any]:
         return snapshot.data
     rows = _rows(snapshot.run_id, snapshot.keyframe_seq, snapshot.seq)
     last: tuple[int, Any] = (snapshot.seq, None)
-    for last in _replay(snapshot.run_id, rows):  # noqa: B007 - the last state is the answer
-        pass
+    with _gc_paused():
+        for last in _replay(snapshot.run_id, rows):  # noqa: B007 - the last state is the answer
+            pass
     return last[1]
 
 
@@ -224,9 +242,10 @@ def load_states(snaps: Sequence[Snapshot]) -> list[Any]:
         for group in _passes(sorted(wanted, key=lambda s: s.seq)):
             targets = {s.seq: s.pk for s in group}
             rows = _rows(run_id, group[0].keyframe_seq, group[-1].seq)
-            for seq, state in _replay(run_id, rows.iterator(chunk_size=200)):
-                if seq in targets:
-                    states[targets[seq]] = state
+            with _gc_paused():
+                for seq, state in _replay(run_id, rows.iterator(chunk_size=200)):
+                    if seq in targets:
+                        states[targets[seq]] = state
     return [states[s.pk] for s in snaps]
 
 
@@ -249,31 +268,25 @@ def load(run_id: Any, step: int, at: str) -> dict[str, Any]:
     return load_state(get(run_id, step, at))
 
 
-_FIELDS = [f.attname for f in Snapshot._meta.concrete_fields]
+# created_at is left out (deferred on the instances): converting 2,000 timestamps
+# costs as much as patching the states. It is the last field, so a row plus DEFERRED
+# takes Model.from_db's fast path.
+_ALL = [f.attname for f in Snapshot._meta.concrete_fields]
+_FIELDS = _ALL[:-1]
+assert _ALL[-1] == "created_at"
 _DATA = _FIELDS.index("data")
 _SEQ, _KIND = _FIELDS.index("seq"), _FIELDS.index("kind")
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Building thousands of containers that all stay alive makes the cyclic GC
-    rescan them again and again (a third of a long history's time); none of them
-    is garbage, so let it run once afterwards instead."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def history(run_id: Any) -> list[tuple[Snapshot, dict[str, Any]]]:
-    """Every snapshot of a run with its state, in order, in one pass."""
+    """Every snapshot of a run with its state, in order, in one pass.
+
+    The Snapshot instances have everything but `created_at` loaded.
+    """
     with _gc_paused():
         rows = list(Snapshot.objects.filter(run_id=run_id).order_by("seq").values_list(*_FIELDS))
         states = _replay(run_id, ((r[_SEQ], r[_KIND], r[_DATA]) for r in rows))
         return [
-            (Snapshot.from_db("default", _FIELDS, row), state)
+            (Snapshot.from_db("default", _ALL, (*row, DEFERRED)), state)
             for row, (_, state) in zip(rows, states, strict=True)
         ]
