@@ -17,6 +17,7 @@ import time
 import traceback
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -146,23 +147,49 @@ class _Ctx:
     calls: list[ToolCall] | None = None  # the step's tool calls, when this attempt created them
     pending: list[ToolCall] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
+    # Go on with the next step under the same lease until this time.monotonic().
+    chain_until: float = 0.0
+    read_hits: dict[int, Any] = field(default_factory=dict)  # read cache, by call index
+    next: _Ctx | None = None  # the next step, claimed by this one's commit
 
     @property
     def sctx(self) -> StepContext:
         return StepContext(str(self.run.pk), self.step.number, self.run.input, self.run.first_step)
 
 
-def execute_step(run_id: Any, number: int, owner: str | None = None) -> Outcome:
-    """Run step `number` of a run, if it is due and nobody else holds it."""
+def execute_step(
+    run_id: Any,
+    number: int,
+    owner: str | None = None,
+    *,
+    chain: float = 0.0,
+    observe: Callable[[Outcome], None] | None = None,
+) -> Outcome:
+    """Run step `number` of a run, if it is due and nobody else holds it.
+
+    With `chain` seconds, a step that commits within that time from the start
+    also claims the next step in the same statement and this call goes on with
+    it: no broker round trip and no separate claim between the steps of a
+    run. Each step is still claimed, decided and committed as one (a crash
+    mid-chain loses only the lease, which expires). Returns the last step's
+    outcome; `observe` sees each one as it commits.
+    """
     owner = owner or new_lease_owner()
     ctx = claim(str(run_id), number, owner)
     if ctx is None:
         return Outcome("not_claimed", str(run_id), number)
-    try:
-        return _run_claimed(ctx)
-    except LeaseLost as exc:
-        log.warning("step %s of %s: lease lost (%s)", number, run_id, exc)
-        return Outcome("lost", str(run_id), number, str(exc))
+    ctx.chain_until = time.monotonic() + chain if chain > 0 else 0.0
+    while True:
+        try:
+            outcome = _run_claimed(ctx)
+        except LeaseLost as exc:
+            log.warning("step %s of %s: lease lost (%s)", ctx.step.number, run_id, exc)
+            return Outcome("lost", str(run_id), ctx.step.number, str(exc))
+        if observe is not None:
+            observe(outcome)
+        if ctx.next is None:
+            return outcome
+        ctx = ctx.next
 
 
 def claim(run_id: str, number: int, owner: str) -> _Ctx | None:
@@ -212,7 +239,9 @@ def _claim_set(run_id: str, number: int, owner: str, now: Any) -> tuple[str, lis
     """The claim as `UPDATE run SET ... WHERE <due>` and its parameters."""
     params = [
         owner,
-        rawsql.prep(Run, "lease_expires_at", now + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS)),
+        rawsql.prep(
+            Run, "lease_expires_at", now + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS)
+        ),
         rawsql.prep(Run, "started_at", now),
         rawsql.prep(Run, "updated_at", now),
         rawsql.prep(Run, "id", run_id),
@@ -458,11 +487,16 @@ def _decide(ctx: _Ctx) -> Decision | Outcome:
     early = [tc for tc in ctx.calls if tc.kind in SIDE_EFFECTS or tc.requires_approval]
     for tc in early:
         write.insert(ToolCall, rawsql.insert_fields(tc), returning=True)
+    # Look up the per-run read cache for this step's reads in the same round trip.
+    cacheable = [tc for tc in ctx.calls if tc.kind == "read" and get_tool(tc.tool).cache]
+    for tc in cacheable:
+        write.select(ToolCall, *_read_cache_query(ctx, tc))
     ids = write.execute()
     if ids is None:
         raise LeaseLost(f"run {ctx.run.pk} step {ctx.step.number}")
-    for tc, pk in zip(early, ids, strict=True):
+    for tc, pk in zip(early, ids[: len(early)], strict=True):
         _saved(tc, pk)
+    ctx.read_hits = {tc.index: v for tc, v in zip(cacheable, ids[len(early) :], strict=True)}
     # Work on exactly what was stored, as a retry would.
     return Decision.from_dict(sorted_keys(stored))
 
@@ -689,25 +723,31 @@ def _was_invoked(tc: ToolCall) -> bool:
     )
 
 
-def _read_cache(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | None:
-    """The result of the same read call made earlier in this run, if any."""
-    params = [rawsql.prep(ToolCall, "run_id", ctx.run.pk), tc.tool, tc.args_hash]
-    mine = ""
-    if tc.pk is not None:
-        mine, params = " AND id <> %s", [*params, tc.pk]
+def _read_cache_query(ctx: _Ctx, tc: ToolCall) -> tuple[str, list[Any]]:
+    """The earliest successful result of the same read call in this run (not this one)."""
+    params = [rawsql.prep(ToolCall, "run_id", ctx.run.pk), tc.tool, tc.args_hash, tc.pk or 0]
     sql = (
         f"SELECT {rawsql.column(ToolCall, 'result')} FROM {rawsql.table(ToolCall)}"
-        f" WHERE run_id = %s AND tool = %s AND args_hash = %s AND status = 'ok'{mine}"
+        " WHERE run_id = %s AND tool = %s AND args_hash = %s AND status = 'ok' AND id <> %s"
         " ORDER BY created_at LIMIT 1"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
+    return sql, params
+
+
+def _read_cache(ctx: _Ctx, call: Call, tc: ToolCall) -> CallResult | None:
+    """The result of the same read call made earlier in this run, if any."""
+    if tc.index in ctx.read_hits:  # looked up with the decision
+        raw = ctx.read_hits.pop(tc.index)
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(*_read_cache_query(ctx, tc))
+            row = cursor.fetchone()
+        raw = None if row is None else row[0]
+    if raw is None:
         return None
     tc.status, tc.result, tc.from_cache, tc.finished_at = (
         ToolCallStatus.OK,
-        rawsql.convert(ToolCall, "result", row[0]),
+        rawsql.convert(ToolCall, "result", raw),
         True,
         timezone.now(),
     )
@@ -1040,6 +1080,9 @@ def _write_post(
     if number + 1 - ctx.run.first_step >= settings.AGENTRUN_MAX_STEPS and not terminal:
         run_changes.update(status=RunStatus.FAILED, finished_at=now, error="step limit reached")
         terminal = True
+    chain = not terminal and time.monotonic() < ctx.chain_until
+    if chain:  # keep the lease, for the next step
+        run_changes.update(lease_owner=ctx.owner, lease_expires_at=_lease_expiry())
     # One guarded write: the compare-and-set on the run, then everything else.
     write = rawsql.Guarded(*_run_update(ctx, run_changes))
     write.insert(Snapshot, rawsql.insert_fields(snap), returning=True)
@@ -1077,6 +1120,18 @@ def _write_post(
             {"error": run_changes.get("error", "")} if failure else {},
             now,
         )
+    if chain:
+        next_step = Step(
+            run_id=ctx.run.pk,
+            number=number + 1,
+            status=StepStatus.RUNNING,
+            attempts=1,
+            phase_before=snap.phase,
+            started_at=now,
+        )
+        next_pre = snapshots.reference(ctx.run.pk, number + 1, "pre", snap)
+        write.insert(Step, rawsql.insert_fields(next_step), returning=True)
+        write.insert(Snapshot, rawsql.insert_fields(next_pre), returning=True)
     try:
         ids = write.execute()
     except IntegrityError as exc:
@@ -1084,14 +1139,42 @@ def _write_post(
     if ids is None:
         raise LeaseLost(f"commit of step {number} refused")
     _saved(snap, ids[0])
-    for tc, pk in zip(new_calls, ids[1:], strict=True):
+    for tc, pk in zip(new_calls, ids[1 : 1 + len(new_calls)], strict=True):
         _saved(tc, pk)
     ctx.pending.clear()
-    if not terminal:
+    if chain:
+        _saved(next_step, ids[-2])
+        _saved(next_pre, ids[-1])
+        ctx.next = _chained(ctx, next_step, next_pre, post_state, node, run_changes)
+    elif not terminal:
         enqueue(ctx.run.pk, number + 1)
     _cache_put(str(ctx.run.pk), snap.seq, snap.hash, post_state, node)
     status = "failed" if failure else ("finished" if terminal else "committed")
     return Outcome(status, str(ctx.run.pk), number)
+
+
+def _chained(
+    ctx: _Ctx,
+    step: Step,
+    pre: Snapshot,
+    state: dict[str, Any],
+    node: hashing.Node,
+    run_changes: dict[str, Any],
+) -> _Ctx:
+    """The context of the step a commit just claimed: the run as that commit left it."""
+    run = ctx.run
+    run.next_step, run.phase, run.status = step.number, pre.phase, run_changes["status"]
+    run.lease_owner, run.lease_expires_at = ctx.owner, run_changes["lease_expires_at"]
+    return _Ctx(
+        run=run,
+        step=step,
+        agent=ctx.agent,
+        owner=ctx.owner,
+        pre_state=state,
+        pre=pre,
+        pre_node=node,
+        chain_until=ctx.chain_until,
+    )
 
 
 def _event(write: rawsql.Guarded, ctx: _Ctx, kind: str, payload: dict[str, Any], now: Any) -> None:

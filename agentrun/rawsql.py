@@ -18,6 +18,8 @@ converters, so custom fields behave exactly as through the ORM.
 
 from __future__ import annotations
 
+import re
+import uuid
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -63,7 +65,29 @@ def _placeholder(model: type[models.Model], name: str) -> str:
     return "%s::" + _field(model, name).cast_db_type(conn)
 
 
+@cache
+def _passes(model: type[models.Model], name: str) -> type | tuple[type, ...] | None:
+    """The Python types this field sends to PostgreSQL unchanged (a hot-path shortcut)."""
+    conn = db()
+    if conn.vendor != "postgresql":
+        return None
+    f = _field(model, name)
+    internal = f.get_internal_type()
+    if internal in ("CharField", "TextField"):
+        return str
+    if internal in ("IntegerField", "BigIntegerField", "PositiveIntegerField", "FloatField"):
+        return (int, float)
+    if internal == "UUIDField" or (
+        internal == "ForeignKey" and f.target_field.get_internal_type() == "UUIDField"  # type: ignore[attr-defined]
+    ):
+        return uuid.UUID
+    return None
+
+
 def prep(model: type[models.Model], name: str, value: Any) -> Any:
+    passes = _passes(model, name)
+    if passes is not None and type(value) in (passes if isinstance(passes, tuple) else (passes,)):
+        return value
     return _field(model, name).get_db_prep_save(value, db())
 
 
@@ -126,11 +150,12 @@ def select_list(model: type[models.Model]) -> str:
 
 @dataclass
 class _Part:
-    kind: str  # insert | update
+    kind: str  # insert | update | select
     model: type[models.Model]
     values: dict[str, Any]
     pk: Any = None
     returning: bool = False
+    sql: str = ""  # a select's text; its values are its parameters, in order
 
     def shape(self) -> tuple[Any, ...]:
         """What the SQL text of this part depends on (raw values are part of the text)."""
@@ -138,10 +163,13 @@ class _Part:
             self.kind,
             self.model,
             self.returning,
+            self.sql,
             tuple((n, v.text if isinstance(v, Sql) else None) for n, v in self.values.items()),
         )
 
     def params(self) -> list[Any]:
+        if self.kind == "select":
+            return list(self.values.values())
         out = [prep(self.model, n, v) for n, v in self.values.items() if not isinstance(v, Sql)]
         if self.kind == "update":
             out.append(prep(self.model, "pk", self.pk))
@@ -169,6 +197,8 @@ def _pg_statement(guard: str, shapes: tuple[Any, ...], parts: tuple[_Part, ...])
     outs = ["(SELECT count(*) FROM g)"]
     for i, part in enumerate(parts):
         name, tbl, pk = f"c{i}", table(part.model), column(part.model, "pk")
+        if part.kind == "select":
+            continue
         if part.kind == "insert":
             cols, phs = _values(part)
             ret = f" RETURNING {pk}" if part.returning else ""
@@ -180,6 +210,8 @@ def _pg_statement(guard: str, shapes: tuple[Any, ...], parts: tuple[_Part, ...])
                 f"{name} AS (UPDATE {tbl} SET {_sets(part)} WHERE {pk} = %s"
                 " AND EXISTS (SELECT 1 FROM g))"
             )
+    # Selects last: their values follow the returned keys, their parameters all others.
+    outs += [f"({part.sql})" for part in parts if part.kind == "select"]
     return f"WITH {', '.join(ctes)} SELECT {', '.join(outs)}"
 
 
@@ -213,6 +245,14 @@ class Guarded:
     def update(self, model: type[models.Model], pk: Any, values: dict[str, Any]) -> None:
         self.parts.append(_Part("update", model, values, pk=pk))
 
+    def select(self, model: type[models.Model], sql: str, params: list[Any]) -> None:
+        """A scalar query read along (its value follows the returned keys; None if no row).
+
+        It sees the database as it was before this write.
+        """
+        values = {str(i): p for i, p in enumerate(params)}
+        self.parts.append(_Part("select", model, values, sql=sql))
+
     def execute(self) -> list[Any] | None:
         """Run it; None if the guard matched no row (then nothing was written).
 
@@ -226,7 +266,11 @@ class Guarded:
         sql = _statement(self.guard, self.parts)
         params = list(self.guard_params)
         for part in self.parts:
-            params += part.params()
+            if part.kind != "select":
+                params += part.params()
+        for part in self.parts:  # the selects come last in the statement's text
+            if part.kind == "select":
+                params += part.params()
         row = run_statement(sql, params)
         if row is None or row[0] != 1:
             return None
@@ -239,9 +283,14 @@ class Guarded:
             cursor.execute(self.guard, self.guard_params)
             if cursor.rowcount != 1:
                 return None
+            selects = []
             for part in self.parts:
                 tbl, pk = table(part.model), column(part.model, "pk")
-                if part.kind == "insert":
+                if part.kind == "select":
+                    cursor.execute(part.sql, part.params())
+                    row = cursor.fetchone()
+                    selects.append(None if row is None else row[0])
+                elif part.kind == "insert":
                     cols, phs = _values(part)
                     ret = f" RETURNING {pk}" if part.returning else ""
                     cursor.execute(f"INSERT INTO {tbl} ({cols}) VALUES ({phs}){ret}", part.params())
@@ -249,7 +298,7 @@ class Guarded:
                         returned.append(cursor.fetchone()[0])
                 else:
                     cursor.execute(f"UPDATE {tbl} SET {_sets(part)} WHERE {pk} = %s", part.params())
-        return returned
+        return returned + selects
 
 
 _STATEMENTS: dict[tuple[str, _ShapeKey], str] = {}
@@ -263,15 +312,24 @@ def _statement(guard: str, parts: list[_Part]) -> str:
     return sql
 
 
+@cache
+def _numbered(sql: str) -> str:
+    """%s placeholders as PostgreSQL's own $1, $2, ... (this SQL has no other %)."""
+    counter = iter(range(1, 10_000))
+    return re.sub(r"%s", lambda _: f"${next(counter)}", sql)
+
+
 def _cursor(conn: Any) -> CursorWrapper:
-    """A cursor that binds parameters on the server on PostgreSQL (so statements get
-    prepared), wrapped as Django wraps its own (error translation, execute wrappers)."""
+    """On PostgreSQL a cursor that sends the statement as is, with $n placeholders and
+    the values bound on the server (no client-side parsing of a long statement, and
+    psycopg prepares a statement used often), wrapped as Django wraps its own cursors
+    (error translation, execute wrappers). The SQL given to it must be _numbered."""
     conn.ensure_connection()
     if conn.vendor != "postgresql":
         return conn.cursor()
     import psycopg
 
-    return CursorWrapper(psycopg.Cursor(conn.connection), conn)
+    return CursorWrapper(psycopg.RawCursor(conn.connection), conn)
 
 
 def run_statement(sql: str, params: list[Any], *, sync: bool = True) -> Any:
@@ -283,6 +341,8 @@ def run_statement(sql: str, params: list[Any], *, sync: bool = True) -> Any:
     (a later synchronous commit flushes it; only a database crash can lose it).
     """
     conn = db()
+    if conn.vendor == "postgresql":
+        sql = _numbered(sql)
     if conn.in_atomic_block:
         with transaction.atomic(), _cursor(conn) as cursor:
             cursor.execute(sql, params)

@@ -1,8 +1,9 @@
 """One repeat of one in-process case: floor, baseline, engine run, sizes, reads, diffs, fork.
 
 Everything here runs in the bench process after env.setup(); the engine is driven
-directly (engine.execute_step in a loop, AGENTRUN_ENQUEUE off), so a step's time is
-from the call to the return of its commit.
+directly (engine.execute_step with an unlimited chain: each commit claims the next
+step and the call goes on; AGENTRUN_ENQUEUE off), so a step's time is from the
+return of the previous step's commit to the return of its own.
 """
 
 from __future__ import annotations
@@ -108,26 +109,44 @@ def baseline_steps(variant: str, n: int) -> list[float]:
 
 
 def engine_steps(
-    run_id: Any, first: int, last: int, deadline: float, cpu: list[float] | None = None
+    run_id: Any,
+    first: int,
+    last: int,
+    deadline: float,
+    cpu: list[float] | None = None,
+    start: float | None = None,
 ) -> list[float]:
-    """execute_step for first..last (the final "done" step included); wall times in ms.
+    """Steps first..last (the final "done" step included) through the in-process
+    executor: `engine.execute_step` with an unlimited chain, so each commit claims the
+    next step and the loop goes on. Wall times in ms, commit to commit (the first from
+    `start`, default the call).
 
     `cpu`, when given, receives this process's CPU time per step (ms): the rest of the
     wall time is spent waiting (for PostgreSQL, fsync, or a CPU on a busy machine).
     """
     from agentrun import engine
 
-    times = []
-    for k in range(first, last + 1):
-        t0, c0 = perf_counter(), process_time()
-        out = engine.execute_step(run_id, k)
-        times.append((perf_counter() - t0) * 1000)
+    times: list[float] = []
+    mark = [perf_counter() if start is None else start, process_time()]
+
+    def observe(out: Any) -> None:
+        now, c = perf_counter(), process_time()
+        times.append((now - mark[0]) * 1000)
         if cpu is not None:
-            cpu.append((process_time() - c0) * 1000)
+            cpu.append((c - mark[1]) * 1000)
+        mark[:] = [now, c]
         if out.status not in ("committed", "finished"):
-            raise RuntimeError(f"step {k} of {run_id}: {out}")
+            raise RuntimeError(f"step {out.step} of {run_id}: {out}")
         if time.monotonic() > deadline:
-            raise Aborted(f"time budget exhausted at step {k} of {last}")
+            raise Aborted(f"time budget exhausted at step {out.step} of {last}")
+
+    while first + len(times) <= last:
+        k = first + len(times)
+        out = engine.execute_step(run_id, k, chain=float(24 * 3600), observe=observe)
+        if out.status == "finished" or out.status not in ("committed", "finished"):
+            break
+    if first + len(times) <= last:
+        raise RuntimeError(f"{run_id} stopped at step {first + len(times) - 1} of {last}")
     return times
 
 
@@ -277,13 +296,12 @@ def one_repeat(variant: str, n: int, run_no: int, reads: int, budget_s: float) -
     # Fork from the state at n/2 (post snapshot of step n/2): the fork runs steps n/2+1 .. n+1.
     t0 = perf_counter()
     fork = services.fork_run(run, step=half, at="post", reason="bench")
-    engine_steps(fork.pk, half + 1, half + 1, deadline)
-    out["fork_first_step"] = (perf_counter() - t0) * 1000
     try:
-        engine_steps(fork.pk, half + 2, n + 1, deadline)
+        fork_ms = engine_steps(fork.pk, half + 1, n + 1, deadline, start=t0)
     except Aborted as exc:
         out["aborted"] = f"fork: {exc}"
         return out
+    out["fork_first_step"] = fork_ms[0]
     out["fork_complete"] = (perf_counter() - t0) * 1000
     fork.refresh_from_db()
     assert fork.status == "succeeded", fork.status
