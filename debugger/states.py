@@ -73,8 +73,7 @@ def _replay(run_id: Any, group: list[Snapshot]) -> dict[int, Any]:
         .order_by("seq")
         .values_list("seq", "kind", "data")
     )
-    if not rows or rows[0][1] != SnapshotKind.FULL or {k for _, k, _ in rows} - _KINDS:
-        # Not a chain this replay understands: the store's own reader.
+    if not rows or rows[0][1] in _RELATIVE:  # not a chain from a keyframe: the store's reader
         return {s.pk: snapshots.load_state(s) for s in group}
     out: dict[int, Any] = {}
     replay = _Replay()
@@ -83,12 +82,17 @@ def _replay(run_id: Any, group: list[Snapshot]) -> dict[int, Any]:
             replay.reset(data)
         elif kind == SnapshotKind.DELTA:
             replay.apply(data)
+        elif kind != SnapshotKind.REF:
+            # A state the store resolves elsewhere (a fork's first snapshot refers to
+            # its source in the parent run): read it as the store does, never change it.
+            source = Snapshot.objects.defer("data").get(run_id=run_id, seq=seq)
+            replay.reset(snapshots.load_state(source), owned=False)
         if seq in targets:
             out[targets[seq]] = replay.hand_out()
     return out
 
 
-_KINDS = frozenset({SnapshotKind.FULL, SnapshotKind.DELTA, SnapshotKind.REF})
+_RELATIVE = frozenset({SnapshotKind.DELTA, SnapshotKind.REF})
 
 
 class _Replay:
@@ -105,8 +109,8 @@ class _Replay:
         self.owned: set[int] | None = None
         self.keep: list[Any] = []  # owned copies stay alive, so their ids stay unique
 
-    def reset(self, state: Any) -> None:
-        self.root, self.owned, self.keep = [state], None, []
+    def reset(self, state: Any, owned: bool = True) -> None:
+        self.root, self.owned, self.keep = [state], (None if owned else set()), []
 
     def hand_out(self) -> Any:
         self.owned, self.keep = set(), []

@@ -73,10 +73,12 @@ def test_a_forks_first_steps_diff_equals_the_two_load_diff(people):
         services.fork_run(parent, step=4, state=edited, user=people["operator"], reason="edit"),
     ):
         fork = drive(fork)
+        first = Snapshot.objects.filter(run=fork).order_by("seq").first()
+        assert first.kind == SnapshotKind.FORK  # its state is read from the parent run
         for pre, post in step_pairs(fork):
             assert_same_diff(pre, post)
-        first = Snapshot.objects.filter(run=fork).order_by("seq").first()
         assert_same_diff(snapshots.get(parent.pk, 4, "pre"), first)
+        assert_same_diff(first, snapshots.get(parent.pk, 8, "post"))
 
 
 def test_any_two_snapshots_of_one_or_two_runs_diff_as_two_loads(people):
