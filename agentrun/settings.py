@@ -198,6 +198,10 @@ AGENTRUN_MAX_INPUT_BYTES = env_int("AGENTRUN_MAX_INPUT_BYTES", 1024 * 1024)
 AGENTRUN_MAX_STEPS = env_int("AGENTRUN_MAX_STEPS", 10_000)
 # Don't enqueue from inside the web process/tests when a test drives the engine itself.
 AGENTRUN_ENQUEUE = env_bool("AGENTRUN_ENQUEUE", True)
+# A worker task goes on with the next step of its run (claimed by the commit, no
+# broker round trip) until this many seconds have passed, then hands the run back
+# to the queue so other runs get their turn. 0: one step per task.
+AGENTRUN_CHAIN_SECONDS = env_float("AGENTRUN_CHAIN_SECONDS", 0.5)
 
 # The LLM agent: OpenAI-compatible chat completions. The key is read at call
 # time from the environment and never stored.

@@ -1,13 +1,14 @@
 """Celery tasks: thin shims over functions that are tested without a broker."""
 
 from celery import shared_task
+from django.conf import settings
 
 from agentrun import engine, reconcile
 
 
 @shared_task(name="agentrun.execute_step")
 def execute_step_task(run_id: str, step: int) -> str:
-    return engine.execute_step(run_id, step).status
+    return engine.execute_step(run_id, step, chain=settings.AGENTRUN_CHAIN_SECONDS).status
 
 
 @shared_task(name="agentrun.reconcile")
