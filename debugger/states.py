@@ -149,8 +149,12 @@ class _Replay:
             raise ValueError(f"unknown op {name!r}")
 
     def _walk(self, path: list) -> Any:
-        parent, key = self.root, 0
-        node = self._own(parent, key)
+        if self.owned is None:  # the common case, hundreds of times per read
+            node = self.root[0]
+            for key in path:
+                node = node[key]
+            return node
+        node = self._own(self.root, 0)
         for key in path:
             node = self._own(node, key)
         return node
