@@ -292,7 +292,7 @@ def _claim_pg_sql() -> tuple[str, tuple[str, ...]]:
     returning = ", ".join(rawsql.column(Snapshot, n) for n in snap_names)
     snap_t, step_t = rawsql.table(Snapshot), rawsql.table(Step)
     statement = (
-        f"WITH r AS ({_claim_sql()} RETURNING {rawsql.select_list(Run)}), "
+        f"WITH {rawsql.ASYNC_COMMIT}, r AS ({_claim_sql()} RETURNING {rawsql.select_list(Run)}), "
         f"s AS (INSERT INTO {step_t} (run_id, number, status, attempts, phase_before, phase_after,"
         " decision_count, tokens_in, tokens_out, started_at)"
         " SELECT r.id, %s::integer, 'running', 1, COALESCE((SELECT phase FROM"
@@ -305,7 +305,7 @@ def _claim_pg_sql() -> tuple[str, tuple[str, ...]]:
         f" LATERAL (SELECT * FROM {snap_t} WHERE run_id = r.id AND seq < %s::integer"
         " ORDER BY seq DESC LIMIT 1) l"
         f" ON CONFLICT (run_id, seq) DO NOTHING RETURNING {returning}) "
-        "SELECT r.*, s.*, p.* FROM r CROSS JOIN s LEFT JOIN p ON true"
+        "SELECT r.*, s.*, p.* FROM cfg CROSS JOIN r CROSS JOIN s LEFT JOIN p ON true"
     )
     return statement, snap_names
 
@@ -334,7 +334,7 @@ def _claim_pg(
     ]
     statement, snap_names = _claim_pg_sql()
     step_names, run_names = rawsql.attnames(Step), rawsql.attnames(Run)
-    row = rawsql.run_statement(statement, params, sync=False)
+    row = rawsql.run_statement(statement, params)
     if row is None:
         log.debug("step %s of %s is not claimable now", number, run_id)
         return None
@@ -491,7 +491,11 @@ def _decide(ctx: _Ctx) -> Decision | Outcome:
     cacheable = [tc for tc in ctx.calls if tc.kind == "read" and get_tool(tc.tool).cache]
     for tc in cacheable:
         write.select(ToolCall, *_read_cache_query(ctx, tc))
-    ids = write.execute()
+    # Committed asynchronously: a worker that dies after this still finds the decision
+    # (only the database server's own crash can lose it, and with it the step's commit,
+    # which comes later), and the first synchronous commit after it (a side effect's
+    # intent, or this step's commit) makes it durable before anything depends on it.
+    ids = write.execute(sync=False)
     if ids is None:
         raise LeaseLost(f"run {ctx.run.pk} step {ctx.step.number}")
     for tc, pk in zip(early, ids[: len(early)], strict=True):

@@ -192,7 +192,12 @@ def _values(part: _Part) -> tuple[str, str]:
     return cols, phs
 
 
-def _pg_statement(guard: str, shapes: tuple[Any, ...], parts: tuple[_Part, ...]) -> str:
+# Referenced from a statement, this makes the commit of the transaction it runs in
+# (in autocommit: the statement's own) asynchronous, and only that one.
+ASYNC_COMMIT = "cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v)"
+
+
+def _pg_statement(guard: str, shapes: tuple[Any, ...], parts: tuple[_Part, ...], sync: bool) -> str:
     ctes = [f"g AS ({guard} RETURNING 1)"]
     outs = ["(SELECT count(*) FROM g)"]
     for i, part in enumerate(parts):
@@ -212,6 +217,9 @@ def _pg_statement(guard: str, shapes: tuple[Any, ...], parts: tuple[_Part, ...])
             )
     # Selects last: their values follow the returned keys, their parameters all others.
     outs += [f"({part.sql})" for part in parts if part.kind == "select"]
+    if not sync:
+        ctes.insert(0, ASYNC_COMMIT)
+        outs.append("(SELECT v FROM cfg)")
     return f"WITH {', '.join(ctes)} SELECT {', '.join(outs)}"
 
 
@@ -253,17 +261,20 @@ class Guarded:
         values = {str(i): p for i, p in enumerate(params)}
         self.parts.append(_Part("select", model, values, sql=sql))
 
-    def execute(self) -> list[Any] | None:
+    def execute(self, *, sync: bool = True) -> list[Any] | None:
         """Run it; None if the guard matched no row (then nothing was written).
 
-        Returns the primary keys of the inserts asked `returning=True`, in order.
+        Returns the primary keys of the inserts asked `returning=True`, in order,
+        then the values of the selects. With sync=False on PostgreSQL its commit
+        does not wait for the WAL flush: the write survives any crash but the
+        database server's own, and the next synchronous commit flushes it too.
         """
         if db().vendor == "postgresql":
-            return self._execute_pg()
+            return self._execute_pg(sync)
         return self._execute_sequential()
 
-    def _execute_pg(self) -> list[Any] | None:
-        sql = _statement(self.guard, self.parts)
+    def _execute_pg(self, sync: bool) -> list[Any] | None:
+        sql = _statement(self.guard, self.parts, sync)
         params = list(self.guard_params)
         for part in self.parts:
             if part.kind != "select":
@@ -274,7 +285,7 @@ class Guarded:
         row = run_statement(sql, params)
         if row is None or row[0] != 1:
             return None
-        return list(row[1:])
+        return list(row[1:] if sync else row[1:-1])
 
     def _execute_sequential(self) -> list[Any] | None:
         returned: list[Any] = []
@@ -301,14 +312,14 @@ class Guarded:
         return returned + selects
 
 
-_STATEMENTS: dict[tuple[str, _ShapeKey], str] = {}
+_STATEMENTS: dict[tuple[str, _ShapeKey, bool], str] = {}
 
 
-def _statement(guard: str, parts: list[_Part]) -> str:
-    key = (guard, _ShapeKey(parts))
+def _statement(guard: str, parts: list[_Part], sync: bool) -> str:
+    key = (guard, _ShapeKey(parts), sync)
     sql = _STATEMENTS.get(key)
     if sql is None:
-        sql = _STATEMENTS[key] = _pg_statement(guard, key[1].key, key[1].parts)
+        sql = _STATEMENTS[key] = _pg_statement(guard, key[1].key, key[1].parts, sync)
     return sql
 
 
@@ -332,13 +343,11 @@ def _cursor(conn: Any) -> CursorWrapper:
     return CursorWrapper(psycopg.RawCursor(conn.connection), conn)
 
 
-def run_statement(sql: str, params: list[Any], *, sync: bool = True) -> Any:
+def run_statement(sql: str, params: list[Any]) -> Any:
     """Execute one statement and return its first row (or None), committing it.
 
     Inside an atomic block (tests, callers' transactions) it runs in a
-    savepoint and commits with the block. Otherwise it is its own transaction;
-    with sync=False on PostgreSQL its commit does not wait for the WAL flush
-    (a later synchronous commit flushes it; only a database crash can lose it).
+    savepoint and commits with the block; otherwise it is its own transaction.
     """
     conn = db()
     if conn.vendor == "postgresql":
@@ -347,21 +356,6 @@ def run_statement(sql: str, params: list[Any], *, sync: bool = True) -> Any:
         with transaction.atomic(), _cursor(conn) as cursor:
             cursor.execute(sql, params)
             return cursor.fetchone() if cursor.description else None
-    if sync or conn.vendor != "postgresql":
-        with _cursor(conn) as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchone() if cursor.description else None
-    # BEGIN, SET LOCAL, the statement and COMMIT in one round trip.
-    with _cursor(conn) as cursor, conn.cursor() as control:
-        pg = conn.connection
-        try:
-            with pg.pipeline():
-                control.execute("BEGIN")
-                control.execute("SET LOCAL synchronous_commit TO OFF")
-                cursor.execute(sql, params)
-                control.execute("COMMIT")
-        except Exception:
-            if pg.info.transaction_status != 0:  # the pipeline stopped inside its transaction
-                pg.execute("ROLLBACK")
-            raise
+    with _cursor(conn) as cursor:
+        cursor.execute(sql, params)
         return cursor.fetchone() if cursor.description else None

@@ -1,0 +1,86 @@
+"""Guarded writes: all or nothing, decided by the guard, on either backend."""
+
+import pytest
+from django.db import IntegrityError, connection
+from django.utils import timezone
+
+from agentrun import rawsql
+from agentrun.models import Event, Run, Snapshot, Step
+from tests.base import final, make_run, script
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _guard(run: Run, status: str) -> rawsql.Guarded:
+    sql = "UPDATE agentrun_run SET phase = %s WHERE id = %s AND status = %s"
+    return rawsql.Guarded(sql, ["guarded", rawsql.prep(Run, "id", run.pk), status])
+
+
+def _event(run: Run, kind: str) -> dict:
+    return {
+        "run_id": run.pk,
+        "step": 1,
+        "kind": kind,
+        "actor": "system",
+        "user_id": None,
+        "reason": "",
+        "payload": {"n": 1.5, "big": 10**16, "text": "naïve ☃"},
+        "created_at": timezone.now(),
+    }
+
+
+def test_a_guard_that_matches_no_row_writes_nothing():
+    run = make_run(script(final()))
+    write = _guard(run, "succeeded")  # the run is queued
+    write.insert(Event, _event(run, "never"), returning=True)
+    write.update(Run, run.pk, {"error": "never"})
+    assert write.execute() is None
+    run.refresh_from_db()
+    assert run.phase != "guarded" and run.error == ""
+    assert not Event.objects.filter(kind="never").exists()
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_guard_that_matches_writes_everything_and_returns_keys_then_selects(sync):
+    run = make_run(script(final()))
+    step = Step.objects.create(run=run, number=1)
+    write = _guard(run, "queued")
+    write.insert(Event, _event(run, "first"), returning=True)
+    write.update(Step, step.pk, {"decision_count": rawsql.Sql("decision_count + 2")})
+    write.select(Step, "SELECT number FROM agentrun_step WHERE id = %s", [step.pk])
+    write.select(Step, "SELECT number FROM agentrun_step WHERE id = %s", [-1])
+    out = write.execute(sync=sync)
+    event = Event.objects.get(kind="first")
+    assert out == [event.pk, 1, None]
+    assert event.payload == {"n": 1.5, "big": 10**16, "text": "naïve ☃"}
+    step.refresh_from_db()
+    run.refresh_from_db()
+    assert step.decision_count == 2 and run.phase == "guarded"
+
+
+def test_a_failing_part_rolls_back_the_guard_and_every_other_part():
+    run = make_run(script(final()))
+    snap = Snapshot.objects.filter(run=run).first() or Snapshot.objects.create(
+        run=run, step=1, at="pre", seq=2, kind="ref", keyframe_seq=2, hash="h", size=0
+    )
+    dup = {f.attname: getattr(snap, f.attname) for f in Snapshot._meta.concrete_fields}
+    dup.pop("id")
+    write = _guard(run, "queued")
+    write.insert(Event, _event(run, "rolled back"))
+    write.insert(Snapshot, dup)  # (run, seq) is unique
+    with pytest.raises(IntegrityError):
+        write.execute()
+    run.refresh_from_db()
+    assert run.phase != "guarded"
+    assert not Event.objects.filter(kind="rolled back").exists()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="synchronous_commit is PostgreSQL's")
+def test_an_asynchronous_write_leaves_the_connection_committing_synchronously():
+    run = make_run(script(final()))
+    assert _guard(run, "queued").execute(sync=False) == []
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
+    run.refresh_from_db()
+    assert run.phase == "guarded"
