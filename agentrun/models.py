@@ -109,7 +109,7 @@ class Run(models.Model):
             # runnable()'s way in: active runs are few, their lease and wake-up are checked
             # on the rows. No index holds lease_expires_at, next_step or updated_at, so the
             # two updates per step (claim, commit) are HOT: no new index entries, and the
-            # table's fillfactor (migration 0006) leaves room on the page for them.
+            # table's fillfactor (migration 0007) leaves room on the page for them.
             models.Index(fields=["status", "-created_at"], name="run_status_created"),
             models.Index(fields=["agent", "-created_at"], name="run_agent_created"),
         ]
@@ -219,9 +219,9 @@ class CompressedJSONField(models.Field):
     """JSON stored as zlib-compressed compact text (bytea on PostgreSQL, BLOB on SQLite).
 
     Reads back exactly what was written, like JSONText (jsonb would rewrite
-    numbers), at about a third of the bytes: agent states and tool results are
-    mostly prose, which zlib packs ~2x better than PostgreSQL's pglz, and pglz
-    doesn't even try below 2 KB. The conversion happens in get_db_prep_value and
+    numbers), in a third to a half of the text's bytes: agent states and tool
+    results are mostly prose; PostgreSQL's own pglz packs it a third less and only
+    tries on rows over 2 KB. The conversion happens in get_db_prep_value and
     from_db_value, so raw SQL can insert `field.get_db_prep_value(value, connection)`.
     """
 
