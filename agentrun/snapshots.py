@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -223,41 +223,6 @@ def load_state(snapshot: Snapshot) -> dict[str, Any]:
         for last in _replay(snapshot.run_id, rows):  # noqa: B007 - the last state is the answer
             pass
     return last[1]
-
-
-def load_states(snaps: Sequence[Snapshot]) -> list[Any]:
-    """The states of `snaps` (any runs, any order), in the same order.
-
-    Targets of one run whose chains overlap are served by one pass over the
-    rows, and consecutive states share every untouched subtree.
-    """
-    states: dict[int, Any] = {}
-    by_run: dict[Any, list[Snapshot]] = {}
-    for snap in snaps:
-        if snap.kind == SnapshotKind.FULL and snap.data is not None:
-            states[snap.pk] = snap.data
-        else:
-            by_run.setdefault(snap.run_id, []).append(snap)
-    for run_id, wanted in by_run.items():
-        for group in _passes(sorted(wanted, key=lambda s: s.seq)):
-            targets = {s.seq: s.pk for s in group}
-            rows = _rows(run_id, group[0].keyframe_seq, group[-1].seq)
-            with _gc_paused():
-                for seq, state in _replay(run_id, rows.iterator(chunk_size=200)):
-                    if seq in targets:
-                        states[targets[seq]] = state
-    return [states[s.pk] for s in snaps]
-
-
-def _passes(wanted: list[Snapshot]) -> list[list[Snapshot]]:
-    """Targets that one replay can serve: each starts before the previous target's end."""
-    groups: list[list[Snapshot]] = []
-    for snap in wanted:
-        if groups and snap.keyframe_seq <= groups[-1][-1].seq:
-            groups[-1].append(snap)
-        else:
-            groups.append([snap])
-    return groups
 
 
 def get(run_id: Any, step: int, at: str) -> Snapshot:

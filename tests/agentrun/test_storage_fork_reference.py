@@ -8,6 +8,7 @@ from agentrun import delta, snapshots
 from agentrun.delta import state_hash
 from agentrun.models import Snapshot, SnapshotKind
 from agentrun.services import fork_run
+from debugger.states import load_states
 from tests.base import calls, drive, final, make_people, make_run, script
 
 pytestmark = pytest.mark.django_db
@@ -33,10 +34,10 @@ def parent_rows(run):
 
 
 def assert_every_state_is_exact(run):
-    """load_state, load_states and history agree, and each state hashes to the stored hash."""
+    """load_state, history and the debugger's reader agree; each state hashes to its hash."""
     rows = list(Snapshot.objects.filter(run=run).order_by("seq"))
     history = snapshots.history(run.pk)
-    many = snapshots.load_states(rows)
+    many = load_states(rows)
     assert [s.pk for s, _ in history] == [r.pk for r in rows]
     for row, (_, from_history), from_many in zip(rows, history, many, strict=True):
         state = snapshots.load_state(row)

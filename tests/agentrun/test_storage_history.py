@@ -6,7 +6,7 @@ import json
 import pytest
 
 from agentrun import snapshots
-from agentrun.models import Run, Snapshot, SnapshotKind
+from agentrun.models import Run, Snapshot
 from tests.agentrun.test_snapshots import write_chain
 
 pytestmark = pytest.mark.django_db
@@ -64,22 +64,3 @@ def test_history_leaves_the_garbage_collector_as_it_found_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
-
-
-def test_load_states_reads_several_snapshots_of_several_runs_in_the_order_asked():
-    runs = [Run.objects.create(agent="scripted") for _ in range(2)]
-    chains = [growing_chain(30), growing_chain(12)]
-    for run, chain in zip(runs, chains, strict=True):
-        write_chain(run, chain)
-    wanted = [
-        Snapshot.objects.get(run=runs[1], seq=5),
-        Snapshot.objects.get(run=runs[0], seq=31),
-        Snapshot.objects.get(run=runs[0], seq=2),
-        Snapshot.objects.get(run=runs[0], seq=12),
-        Snapshot.objects.get(run=runs[1], seq=13),
-    ]
-    assert any(s.kind == SnapshotKind.FULL for s in wanted)
-    states = snapshots.load_states(wanted)
-    for snap, state in zip(wanted, states, strict=True):
-        written = chains[runs.index(snap.run)][snap.seq - 2]
-        assert exact(state) == exact(written)
