@@ -521,16 +521,24 @@ def _lease_guard(ctx: _Ctx, now: Any, **changes: Any) -> rawsql.Guarded:
 def _run_update(ctx: _Ctx, changes: dict[str, Any]) -> tuple[str, list[Any]]:
     """`UPDATE run SET changes` if we still hold the lease on this step."""
     params: list[Any] = []
-    sets = ", ".join(
-        f"{rawsql.column(Run, name)} = {rawsql.placeholder(Run, name, value, params)}"
-        for name, value in changes.items()
-    )
+    for name, value in changes.items():
+        if not isinstance(value, rawsql.Sql):
+            params.append(rawsql.prep(Run, name, value))
     params += [rawsql.prep(Run, "id", ctx.run.pk), ctx.step.number, ctx.owner]
-    sql = (
+    shape = tuple((n, v.text if isinstance(v, rawsql.Sql) else None) for n, v in changes.items())
+    return _run_update_sql(shape), params
+
+
+@cache
+def _run_update_sql(shape: tuple[tuple[str, str | None], ...]) -> str:
+    sets = ", ".join(
+        f"{rawsql.column(Run, name)} = {raw or rawsql.slot(Run, name)}"
+        for name, raw in shape
+    )
+    return (
         f"UPDATE {rawsql.table(Run)} SET {sets} WHERE id = %s AND next_step = %s"
         " AND lease_owner = %s AND status = 'running'"
     )
-    return sql, params
 
 
 def _saved(obj: Any, pk: Any) -> None:

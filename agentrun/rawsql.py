@@ -21,9 +21,11 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from typing import Any
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.backends.utils import CursorWrapper
 
@@ -58,7 +60,8 @@ def column(model: type[models.Model], name: str) -> str:
 
 
 @cache
-def _placeholder(model: type[models.Model], name: str) -> str:
+def slot(model: type[models.Model], name: str) -> str:
+    """The placeholder for a value of this field (typed on PostgreSQL)."""
     conn = db()
     if conn.vendor != "postgresql":
         return "%s"
@@ -66,27 +69,37 @@ def _placeholder(model: type[models.Model], name: str) -> str:
 
 
 @cache
-def _passes(model: type[models.Model], name: str) -> type | tuple[type, ...] | None:
+def _passes(model: type[models.Model], name: str) -> tuple[type, ...]:
     """The Python types this field sends to PostgreSQL unchanged (a hot-path shortcut)."""
     conn = db()
     if conn.vendor != "postgresql":
-        return None
+        return ()
     f = _field(model, name)
     internal = f.get_internal_type()
     if internal in ("CharField", "TextField"):
-        return str
+        return (str,)
     if internal in ("IntegerField", "BigIntegerField", "PositiveIntegerField", "FloatField"):
         return (int, float)
+    if internal == "BooleanField":
+        return (bool,)
+    if internal == "DateTimeField" and settings.USE_TZ:
+        return (datetime,)  # aware: the engine's come from timezone.now()
     if internal == "UUIDField" or (
         internal == "ForeignKey" and f.target_field.get_internal_type() == "UUIDField"  # type: ignore[attr-defined]
     ):
-        return uuid.UUID
-    return None
+        return (uuid.UUID,)
+    return ()
+
+
+@cache
+def _nullable(model: type[models.Model], name: str) -> bool:
+    """None is SQL NULL for this field as it is (not, say, JSON null)."""
+    f = _field(model, name)
+    return f.null and f.get_internal_type() != "JSONField"
 
 
 def prep(model: type[models.Model], name: str, value: Any) -> Any:
-    passes = _passes(model, name)
-    if passes is not None and type(value) in (passes if isinstance(passes, tuple) else (passes,)):
+    if type(value) in _passes(model, name) or (value is None and _nullable(model, name)):
         return value
     return _field(model, name).get_db_prep_save(value, db())
 
@@ -95,7 +108,7 @@ def placeholder(model: type[models.Model], name: str, value: Any, params: list[A
     if isinstance(value, Sql):
         return value.text
     params.append(prep(model, name, value))
-    return _placeholder(model, name)
+    return slot(model, name)
 
 
 def insert_fields(obj: models.Model) -> dict[str, Any]:
@@ -178,7 +191,7 @@ class _Part:
 
 def _sets(part: _Part) -> str:
     return ", ".join(
-        f"{column(part.model, n)} = {v.text if isinstance(v, Sql) else _placeholder(part.model, n)}"
+        f"{column(part.model, n)} = {v.text if isinstance(v, Sql) else slot(part.model, n)}"
         for n, v in part.values.items()
     )
 
@@ -186,7 +199,7 @@ def _sets(part: _Part) -> str:
 def _values(part: _Part) -> tuple[str, str]:
     cols = ", ".join(column(part.model, n) for n in part.values)
     phs = ", ".join(
-        v.text if isinstance(v, Sql) else _placeholder(part.model, n)
+        v.text if isinstance(v, Sql) else slot(part.model, n)
         for n, v in part.values.items()
     )
     return cols, phs
