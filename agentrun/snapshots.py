@@ -9,8 +9,8 @@ for post). A snapshot is stored as
   the last keyframe would outweigh the state itself;
 - FORK: a fork's first snapshot: the state of its source snapshot in the
   parent run (`Run.forked_from`), plus ops when the state was edited. Its
-  chain_bytes include the source's, so the keyframe rule bounds a read that
-  crosses into the parent run too.
+  chain_bytes include the source's (and a share of the state per hop), so the
+  keyframe rule bounds a read that crosses into the parent runs too.
 Reading any snapshot costs one keyframe plus at most a state's worth of
 deltas; total storage stays within a small multiple of what changed. `data`
 is stored zlib-compressed (models.CompressedJSONField).
@@ -141,6 +141,12 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+# Reading through a fork reference hops into the source's run, whatever the bytes:
+# each hop counts as a sixteenth of the state, so a read crosses at most 16 runs
+# (forks of forks of ...) before it meets a keyframe.
+FORK_HOP_SHARE = 16
+
+
 def fork(
     run_id: Any,
     step: int,
@@ -153,29 +159,30 @@ def fork(
 
     It refers to `source` instead of copying the state, with the edit's ops
     (`delta.diff(source_state, state)`, computed here unless given) when the
-    state was edited; a keyframe when the ops would outweigh the state.
+    state was edited; a keyframe when the read it would cost outweighs the state.
     """
     if ops is None:
         ops = delta.diff(source_state, state) if state is not source_state else []
     with _gc_paused():
         node = hashing.build(state)
     ops_bytes = _json_bytes(ops) if ops else 0
-    chain = source.chain_bytes + ops_bytes
-    if chain > node.size:
-        snap, _ = build(run_id, step, "pre", state, None, None)
-        return snap, node
+    chain = source.chain_bytes + ops_bytes + node.size // FORK_HOP_SHARE
     seq = Snapshot.seq_for(step, "pre")
+    if chain > node.size:
+        kind, data, stored_bytes, chain = SnapshotKind.FULL, state, node.size, 0
+    else:
+        kind, data, stored_bytes = SnapshotKind.FORK, ops or None, ops_bytes
     snapshot = Snapshot(
         run_id=run_id,
         step=step,
         at="pre",
         seq=seq,
-        kind=SnapshotKind.FORK,
-        data=ops or None,
+        kind=kind,
+        data=data,
         keyframe_seq=seq,
         hash=node.hex,
         size=node.size,
-        stored_bytes=ops_bytes,
+        stored_bytes=stored_bytes,
         chain_bytes=chain,
         phase=_phase(state),
         outcome="",

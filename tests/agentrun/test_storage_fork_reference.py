@@ -68,11 +68,8 @@ def test_an_unedited_fork_stores_a_reference_with_no_data_and_the_source_state(o
     fork = fork_run(parent, step=2, at="post", user=olga)
     first = snapshots.get(fork.pk, 3, "pre")
     assert (first.kind, first.data, first.stored_bytes) == (SnapshotKind.FORK, None, 0)
-    assert (first.hash, first.size, first.chain_bytes) == (
-        source.hash,
-        source.size,
-        source.chain_bytes,
-    )
+    assert (first.hash, first.size) == (source.hash, source.size)
+    assert first.chain_bytes == source.chain_bytes + source.size // snapshots.FORK_HOP_SHARE
     assert exact(snapshots.load_state(first)) == exact(snapshots.load_state(source))
     drive(fork)
     assert fork.status == "succeeded"
@@ -129,15 +126,25 @@ def test_forks_of_forks_read_through_every_generation(olga, parent):
 
 
 def test_a_fork_keeps_the_chain_it_inherits_within_the_keyframe_rule(olga, long_parent):
-    source = max(
-        Snapshot.objects.filter(run=long_parent, kind=SnapshotKind.DELTA),
-        key=lambda s: s.chain_bytes,
-    )
-    fork = drive(fork_run(long_parent, step=source.step, at=source.at, user=olga))
+    source = snapshots.get(long_parent.pk, 8, "post")
+    assert source.kind == SnapshotKind.DELTA and source.chain_bytes > source.size / 2
+    fork = drive(fork_run(long_parent, step=8, at="post", user=olga))
     rows = list(Snapshot.objects.filter(run=fork).order_by("seq"))
-    assert rows[0].kind == SnapshotKind.FORK and rows[0].chain_bytes == source.chain_bytes
+    assert rows[0].kind == SnapshotKind.FORK and rows[0].chain_bytes > source.chain_bytes
     # The inherited chain brings the fork's first keyframe forward.
-    assert SnapshotKind.FULL in [r.kind for r in rows]
+    assert SnapshotKind.FULL in [r.kind for r in rows[:6]]
     for snap in rows:
         assert snap.chain_bytes <= snap.size
     assert_every_state_is_exact(fork)
+
+
+def test_forks_of_forks_at_their_first_snapshot_meet_a_keyframe_within_a_few_runs(olga):
+    run = drive(make_run(STEPS))
+    kinds = []
+    for _ in range(20):
+        run = fork_run(run, step=2, at="pre", user=olga)
+        kinds.append(snapshots.get(run.pk, 2, "pre").kind)
+    assert SnapshotKind.FULL in kinds[: snapshots.FORK_HOP_SHARE + 1]
+    since_keyframe = kinds[::-1].index(SnapshotKind.FULL)
+    assert since_keyframe <= snapshots.FORK_HOP_SHARE
+    assert_every_state_is_exact(drive(run))
