@@ -82,12 +82,19 @@ class Tool:
     def __call__(self, ctx: ToolContext, args: dict[str, Any]) -> Any:
         return self.fn(ctx, **args)
 
+    def _params(self) -> list[inspect.Parameter]:
+        """The function's parameters after ctx (worked out once: checked at every step)."""
+        cached = self.__dict__.get("_params_cache")
+        if cached is None:
+            cached = list(inspect.signature(self.fn).parameters.values())[1:]
+            self.__dict__["_params_cache"] = cached
+        return cached
+
     def check_args(self, args: Any) -> str | None:
         """A reason why `args` can't be passed to this tool, or None."""
         if not isinstance(args, dict):
             return "args must be an object"
-        signature = inspect.signature(self.fn)
-        params = list(signature.parameters.values())[1:]  # skip ctx
+        params = self._params()
         if any(p.kind is p.VAR_KEYWORD for p in params):
             return None
         names = {p.name for p in params}
