@@ -30,7 +30,7 @@ TARGETS = [
     ("history", "whole history (snapshots.history)", 100.0, "ms"),
     ("fork_first", "fork from 500 → first new step committed", 100.0, "ms"),
     ("fork_complete", "fork from 500 → completion, in-process", 1500.0, "ms"),
-    ("diff", "pre→post diff at step 1000 (load both + debugger diff)", 50.0, "ms"),
+    ("diff", "pre→post diff at step 1000 (as the diff view computes it, loading included)", 50.0, "ms"),
     ("page", "run detail page server time", 150.0, "ms"),
     ("throughput", "trivial steps/s with 2 workers", 100.0, "steps/s"),
     ("flat_same", "flat: per-step overhead at N=1000 within 25% of N=50", 1.25, "×"),
@@ -650,14 +650,16 @@ def _reads(results: dict[str, Any]) -> list[str]:
                 "rows a load reads (N/2 / N)",
                 "whole history",
                 "pre→post diff of step N",
-                "diff only (states loaded)",
+                "diff only (two separately loaded states)",
                 "two snapshots",
             ],
             rows,
         )
         + [
             "",
-            f"Diffs use `{impl}` on states loaded with `snapshots.load_state`, as the debugger's diff view does. "
+            f"Diffs use `{impl}`, the function the debugger's diff views call, reading the snapshots included "
+            "(one pass over the chain to the pre state; the post is the pre with the post's ops applied). "
+            "'diff only' diffs two states loaded separately with `snapshots.load_state`, which share no structure. "
             "Floor counterparts: the floor table's step numbers and sizes (timeline), its deltas 1..N/2 fetched and "
             "folded with workload.apply_delta (snapshot), all N folded keeping every state (history), and "
             "fetching step N's delta (diff).",

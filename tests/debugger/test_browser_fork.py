@@ -107,7 +107,8 @@ def test_an_operator_forks_from_a_pre_snapshot_with_an_edited_goal_and_compares(
         page.click(".crow[data-n='8']")
         page.wait_for_selector("#compare-diff[data-step='8']")
         assert page.url.endswith(f"/runs/{fork.pk}/compare/?step=8")
-        assert page.locator(".crow.sel").get_attribute("data-n") == "8"
+        # The row is marked once htmx has settled the swap.
+        page.wait_for_selector(".crow.sel[data-n='8']")
         assert_inert(page)
         shot(page, "47-compare-step-8")
 
