@@ -28,6 +28,7 @@ from agentrun.models import (
     ToolCallStatus,
     WaitReason,
 )
+from agentrun.tools import REGISTRY as TOOLS
 from debugger import charts
 
 THOUGHT_CHARS = 64  # the list shows about 30; the rest is for wide screens
@@ -195,6 +196,8 @@ class StepView:
 
 def step_view(run: Run, step: Step) -> StepView:
     calls = [CallView(c) for c in ToolCall.objects.filter(step=step).order_by("index")]
+    if step.status == StepStatus.RUNNING:
+        calls = _with_decided_calls(step, calls)
     events = list(Event.objects.filter(run=run, step=step.number).order_by("created_at", "id"))
     snaps = {s.at: s for s in Snapshot.objects.filter(run=run, step=step.number).defer("data")}
     neighbours = Step.objects.filter(run=run)
@@ -204,6 +207,29 @@ def step_view(run: Run, step: Step) -> StepView:
     if run.status == "waiting" and run.wait_reason in (WaitReason.APPROVAL, WaitReason.IN_DOUBT):
         waiting = next((c.call for c in calls if c.waiting), None)
     return StepView(step, calls, events, snaps, prev, nxt, waiting)
+
+
+def _with_decided_calls(step: Step, calls: list[CallView]) -> list[CallView]:
+    """A running step's read calls are recorded when it commits: until then, show the
+    ones its decision asks for as planned, from the decision (unsaved, no key yet)."""
+    decided = (step.decision or {}).get("calls") or []
+    have = {cv.call.index for cv in calls}
+    for i, call in enumerate(decided):
+        if i in have or not isinstance(call, dict):
+            continue
+        name = str(call.get("tool", ""))
+        kind = TOOLS[name].kind if name in TOOLS else ""
+        planned = ToolCall(
+            step=step,
+            run_id=step.run_id,
+            index=i,
+            tool=name,
+            kind=kind,
+            args=call.get("args") or {},
+            status=ToolCallStatus.PLANNED,
+        )
+        calls.append(CallView(planned))
+    return sorted(calls, key=lambda cv: cv.call.index)
 
 
 def waiting_call(run: Run) -> ToolCall | None:

@@ -158,3 +158,30 @@ def test_a_fork_links_to_its_parent_and_the_parent_lists_its_forks(client_for, p
     assert f'href="/runs/{parent.pk}/steps/3/post/">step 3 (post)</a>, sandbox mode' in child_html
     parent_html = client.get(f"/runs/{parent.pk}/").content.decode()
     assert f'href="/runs/{child.pk}/"' in parent_html
+
+
+def test_a_running_step_shows_the_read_calls_its_decision_asked_for_before_they_are_recorded(
+    client_for, people
+):
+    from agentrun import engine
+    from agentrun.models import Step, ToolCall
+    from tests.base import calls, final, make_run, script
+
+    run = make_run(
+        script(
+            calls({"tool": "echo", "args": {"q": "stock of widgets"}}, thought="Look it up"),
+            final(),
+        ),
+        user=people["operator"],
+    )
+    ctx = engine.claim(str(run.pk), 1, "test-worker")
+    decision = engine._decide(ctx)  # decided and recorded; the read call has not run yet
+    assert not isinstance(decision, engine.Outcome)
+    assert not ToolCall.objects.filter(run=run).exists()
+    assert Step.objects.get(run=run, number=1).status == "running"
+    html = client_for("viewer").get(f"/runs/{run.pk}/?step=1").content.decode()
+    assert "Look it up" in html
+    assert '<span class="tool">echo</span>' in html and "stock of widgets" in html
+    assert (
+        "recorded with the call&#x27;s result" in html or "recorded with the call's result" in html
+    )
