@@ -5,6 +5,11 @@ process group, stopped by its pid), with AGENTRUN_AGENT_MODULES=bench.agent and
 BENCH_TIMING_REDIS set, so each execute_step task pushes its start and end times
 (the end is after the commit returned) to the Redis list "bench:steps".
 
+A task may run a chain of its run's steps (AGENTRUN_CHAIN_SECONDS, see agentrun/tasks.py):
+commit times come from the steps' rows (Step.finished_at), per-task figures from the
+signals, divided by the steps each task ran. Export AGENTRUN_CHAIN_SECONDS=0 to measure
+one task per step.
+
 Run on its own (only the worker cases, nothing in-process):
 
     .venv/bin/python -m bench.celery_bench --e2e grow:200 --repeats 2 --throughput 1,2
@@ -30,6 +35,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from celery import shared_task
+
 from bench import env
 from bench.stats import steps_summary
 from bench.wl import ROOT
@@ -37,7 +44,7 @@ from bench.wl import ROOT
 TIMING_KEY = "bench:steps"
 PHASES_KEY = "bench:phases"
 # The pool flags of every worker started here (production's, see README).
-WORKER_ARGS = ["-P", "prefork", "-c", "1"]
+WORKER_ARGS = ["-P", "prefork", "-c", "1", "-l", "info"]
 
 
 def redis_client() -> Any:
@@ -61,8 +68,6 @@ class Worker:
             "agentrun",
             "worker",
             *pool,
-            "-l",
-            "info",
             "-n",
             f"{name}@%h",
             "--without-gossip",
@@ -73,11 +78,8 @@ class Worker:
             **os.environ,
             **env.environment(),
             "AGENTRUN_ENQUEUE": "1",
-            **(
-                {"AGENTRUN_AGENT_MODULES": "bench.agent,bench.celery_bench"}
-                if os.environ.get("BENCH_PHASES")
-                else {}
-            ),
+            # This module too: it says when the worker is ready, whatever its log level.
+            "AGENTRUN_AGENT_MODULES": "bench.agent,bench.celery_bench",
             "BENCH_TIMING_REDIS": env.BROKER_URL,
             "PYTHONUNBUFFERED": "1",
         }
@@ -197,6 +199,15 @@ def _on_received(request: Any = None, **_: Any) -> None:
         _push_phase("received", *request.args)
 
 
+def _on_worker_ready(**_: Any) -> None:
+    print("bench: worker ready.", flush=True)
+
+
+if os.environ.get("BENCH_TIMING_REDIS"):
+    from celery.signals import worker_ready
+
+    worker_ready.connect(_on_worker_ready, weak=False)
+
 if os.environ.get("BENCH_PHASES") and os.environ.get("BENCH_TIMING_REDIS"):
     from celery.signals import after_task_publish, task_received
 
@@ -239,7 +250,7 @@ def e2e_repeat(
     from django.conf import settings
 
     from agentrun import services, snapshots
-    from agentrun.models import Run
+    from agentrun.models import Run, Step
     from bench.measure import check_state, inputs
 
     env.truncate()
@@ -261,24 +272,55 @@ def e2e_repeat(
         settings.AGENTRUN_ENQUEUE = False
     run.refresh_from_db()
     assert run.status == "succeeded", (run.status, run.error)
-    rows = sorted(
-        (r for r in timings({str(run.pk)}) if r[2] in ("committed", "finished")), key=lambda r: r[1]
+    steps = list(
+        Step.objects.filter(run=run)
+        .order_by("number")
+        .values_list("number", "attempts", "finished_at")
     )
-    assert [r[1] for r in rows] == list(range(1, n + 2)), "a step ran twice or not at all"
-    ends = [r[4] for r in rows[:n]]
+    assert [s[0] for s in steps] == list(range(1, n + 2)), "a step is missing"
+    assert all(s[1] == 1 for s in steps), "a step was claimed twice"
+    # Commit times from the steps' rows: a task may run a chain of steps.
+    ends = [s[2].timestamp() for s in steps[:n]]
     c2c = [(b - a) * 1000 for a, b in zip(ends, ends[1:], strict=False)]  # steps 2..n
     out["commit_to_commit"] = steps_summary(c2c)
     out["first_step"] = (ends[0] - t_created) * 1000
-    out["task_ms"] = steps_summary([(r[4] - r[3]) * 1000 for r in rows[1:n]])
-    out["task_cpu_ms"] = steps_summary([r[6] for r in rows[1:n]])
-    out["queue_gap_ms"] = steps_summary([(rows[i][3] - rows[i - 1][4]) * 1000 for i in range(1, n)])
+    rows = [r for r in timings({str(run.pk)}) if r[2] != "not_claimed"]
+    out.update(_per_task(rows, {str(run.pk): n + 1}))
     if os.environ.get("BENCH_PHASES"):
-        out["phases"] = phases(str(run.pk), rows[: n + 1])
+        out["phases"] = phases(str(run.pk), sorted(rows, key=lambda r: r[1]))
     if workers:
         out["worker_cpu_ms_per_step"] = (workers.cpu_s() - cpu0) * 1000 / (n + 1)
     out["fingerprint_final"] = check_state(
         snapshots.load(run.pk, n, "post"), variant, n, "final state through Celery"
     )
+    return out
+
+
+def _per_task(rows: list[list[Any]], last_step: dict[str, int]) -> dict[str, Any]:
+    """Per-task figures, per step: a task runs its run's steps from rows[i][1] on, until
+    the next task of the run takes over (AGENTRUN_CHAIN_SECONDS)."""
+    by_run: dict[str, list[list[Any]]] = {}
+    for r in rows:
+        by_run.setdefault(r[0], []).append(r)
+    per_step, cpu, gaps, lengths = [], [], [], []
+    for run_id, tasks in by_run.items():
+        tasks.sort(key=lambda r: r[1])
+        firsts = [r[1] for r in tasks] + [last_step[run_id] + 1]
+        for i, r in enumerate(tasks):
+            k = firsts[i + 1] - firsts[i]
+            lengths.append(k)
+            per_step.append((r[4] - r[3]) * 1000 / k)
+            cpu.append(r[6] / k)
+            if i:
+                gaps.append((r[3] - tasks[i - 1][4]) * 1000)
+    out: dict[str, Any] = {
+        "tasks": len(rows),
+        "steps_per_task": steps_summary(lengths),
+        "task_ms": steps_summary(per_step),
+        "task_cpu_ms": steps_summary(cpu),
+    }
+    if gaps:
+        out["queue_gap_ms"] = steps_summary(gaps)
     return out
 
 
@@ -291,40 +333,79 @@ def scripted_input(steps: int) -> dict[str, Any]:
     return {"goal": "bench throughput", "steps": script}
 
 
+NOOP_KEY = "bench:noop"
+
+
+@shared_task(name="bench.noop_chain")
+def noop_chain(k: int, n: int) -> None:
+    """Celery alone: each task publishes the next, as a step does after its commit."""
+    if k < n:
+        noop_chain.apply_async((k + 1, n))
+    from bench.agent import _client
+
+    _client().rpush(NOOP_KEY, json.dumps([k, time.time(), time.process_time()]))
+
+
+def noop_repeat(n: int, workers: Workers, budget_s: float) -> dict[str, Any]:
+    """A chain of n no-op tasks through the same workers: what Celery costs per step."""
+    client = redis_client()
+    client.delete(NOOP_KEY)
+    cpu0 = workers.cpu_s()
+    noop_chain.delay(1, n)
+    deadline = time.monotonic() + budget_s
+    while client.llen(NOOP_KEY) < n:
+        if time.monotonic() > deadline:
+            return {"n": n, "aborted": f"{client.llen(NOOP_KEY)} of {n} no-op tasks ran"}
+        time.sleep(0.05)
+    cpu_s = workers.cpu_s() - cpu0
+    rows = sorted(json.loads(x) for x in client.lrange(NOOP_KEY, 0, -1))
+    ends = [r[1] for r in rows]
+    return {
+        "n": n,
+        "task_to_task": steps_summary(
+            [(b - a) * 1000 for a, b in zip(ends, ends[1:], strict=False)]
+        ),
+        "worker_cpu_ms_per_task": cpu_s * 1000 / n,
+    }
+
+
 def throughput(workers: int, runs: int, steps: int, budget_s: float) -> dict[str, Any]:
     """Trivial steps per second: `runs` concurrent scripted runs of echo steps."""
-    from django.conf import settings
 
     from agentrun import services
+    from agentrun.models import Step
+    from agentrun.tasks import execute_step_task
 
     env.truncate()
     redis_client().delete(TIMING_KEY)
+    # The runs exist before their first messages go out together: the workers, not
+    # this process creating runs one by one, set the pace.
+    ids = [services.start_run("scripted", scripted_input(steps)).pk for _ in range(runs)]
     with Workers(workers) as started:
-        settings.AGENTRUN_ENQUEUE = True
         cpu0 = started.cpu_s()
-        try:
-            ids = [services.start_run("scripted", scripted_input(steps)).pk for _ in range(runs)]
-            wait_finished(ids, time.monotonic() + budget_s)
-        finally:
-            settings.AGENTRUN_ENQUEUE = False
+        for pk in ids:
+            execute_step_task.delay(str(pk), 1)
+        wait_finished(ids, time.monotonic() + budget_s)
         cpu_s = started.cpu_s() - cpu0
     rows = timings({str(i) for i in ids})
-    done = [r for r in rows if r[2] in ("committed", "finished")]
     statuses = Counter(r[2] for r in rows)
+    committed = Step.objects.filter(run__in=ids, status="succeeded").count()
     expected = runs * (steps + 1)
-    assert len(done) == expected, f"{len(done)} committed steps, expected {expected}: {statuses}"
-    span = max(r[4] for r in done) - min(r[3] for r in done)
+    assert committed == expected, f"{committed} committed steps, expected {expected}: {statuses}"
+    span = max(r[4] for r in rows) - min(r[3] for r in rows)
+    per_task = _per_task(
+        [r for r in rows if r[2] != "not_claimed"], {str(i): steps + 1 for i in ids}
+    )
     return {
         "workers": workers,
         "runs": runs,
-        "steps": len(done),
+        "steps": committed,
         "seconds": span,
-        "steps_per_s": len(done) / span,
+        "steps_per_s": committed / span,
         "statuses": dict(statuses),
         "pids": len({r[5] for r in rows}),
-        "worker_cpu_ms_per_step": cpu_s * 1000 / len(done),
-        "task_ms": steps_summary([(r[4] - r[3]) * 1000 for r in done]),
-        "task_cpu_ms": steps_summary([r[6] for r in done]),
+        "worker_cpu_ms_per_step": cpu_s * 1000 / committed,
+        **per_task,
     }
 
 
@@ -334,6 +415,7 @@ def main() -> int:
         "--e2e", default="grow:200", help="variant:N,... for commit→commit ('' for none)"
     )
     p.add_argument("--repeats", type=int, default=1, help="repeats of each --e2e case")
+    p.add_argument("--noop", type=int, default=0, help="also a chain of this many no-op tasks")
     p.add_argument("--throughput", default="1,2", help="worker process counts ('' for none)")
     p.add_argument("--runs", type=int, default=100, help="concurrent scripted runs")
     p.add_argument("--steps", type=int, default=5, help="echo steps per scripted run")
@@ -350,8 +432,19 @@ def main() -> int:
     reset_broker()
     try:
         cases = [c.split(":") for c in args.e2e.split(",") if c]
-        if cases:
+        if cases or args.noop:
             with Workers(1) as workers:
+                for _ in range(args.repeats if args.noop else 0):
+                    rep = noop_repeat(args.noop, workers, args.budget)
+                    results.setdefault("noop", []).append(rep)
+                    t = rep.get("task_to_task", {})
+                    print(
+                        f"no-op chain N={args.noop}: task→task {t.get('median', 0):.2f} ms "
+                        f"(p10 {t.get('p10', 0):.2f}, p90 {t.get('p90', 0):.2f}), "
+                        f"worker CPU {rep.get('worker_cpu_ms_per_task', 0):.2f} ms/task "
+                        f"{rep.get('aborted', '')}",
+                        flush=True,
+                    )
                 for variant, n in cases:
                     for _ in range(args.repeats):
                         rep = e2e_repeat(variant, int(n), args.budget, workers)
@@ -365,8 +458,7 @@ def main() -> int:
             results["throughput"].append(tp)
             print(
                 f"throughput {count} worker(s): {tp['steps_per_s']:.1f} steps/s "
-                f"({tp['steps']} steps in {tp['seconds']:.2f} s), task {tp['task_ms']['median']:.2f} ms "
-                f"(CPU {tp['task_cpu_ms']['median']:.2f}), worker CPU {tp['worker_cpu_ms_per_step']:.2f} ms/step",
+                f"({tp['steps']} steps in {tp['seconds']:.2f} s); {_brief_tasks(tp)}",
                 flush=True,
             )
     finally:
@@ -379,11 +471,19 @@ def main() -> int:
 def _brief_e2e(rep: dict[str, Any]) -> str:
     if "commit_to_commit" not in rep:
         return f"{rep['variant']} N={rep['n']}: {rep.get('aborted', '?')}"
+    c = rep["commit_to_commit"]
     return (
-        f"{rep['variant']} N={rep['n']}: commit→commit {rep['commit_to_commit']['median']:.2f} ms "
-        f"(p10 {rep['commit_to_commit']['p10']:.2f}, p90 {rep['commit_to_commit']['p90']:.2f}), "
+        f"{rep['variant']} N={rep['n']}: commit→commit {c['median']:.2f} ms "
+        f"(p10 {c['p10']:.2f}, p90 {c['p90']:.2f}); {_brief_tasks(rep)}"
+    )
+
+
+def _brief_tasks(rep: dict[str, Any]) -> str:
+    gap = rep.get("queue_gap_ms", {}).get("median")
+    return (
+        f"{rep['tasks']} tasks of {rep['steps_per_task']['median']:.0f} steps, per step in the "
         f"task {rep['task_ms']['median']:.2f} ms (CPU {rep['task_cpu_ms']['median']:.2f}), "
-        f"queue gap {rep['queue_gap_ms']['median']:.2f} ms, "
+        f"queue gap {'-' if gap is None else f'{gap:.2f} ms'}, "
         f"worker CPU {rep.get('worker_cpu_ms_per_step', 0):.2f} ms/step"
     )
 
