@@ -427,7 +427,9 @@ def _own_child(parent: Any, key: Any, owned: dict[int, Any], op: Any) -> Any:
 
 def canonical(value: Any) -> bytes:
     """Canonical JSON bytes: sorted keys, no whitespace, UTF-8."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8", "surrogatepass"
+    )
 
 
 def state_hash(value: Any) -> str:
@@ -439,4 +441,8 @@ def state_hash(value: Any) -> str:
 
 def json_size(value: Any) -> int:
     """Size in UTF-8 bytes of the compact JSON encoding (same as len(canonical(value)))."""
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    return len(
+        json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode(
+            "utf-8", "surrogatepass"
+        )
+    )

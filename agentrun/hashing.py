@@ -59,7 +59,7 @@ def _seal_dict(node: Node) -> Node:
     kids = node.kids
     size = 2 + max(len(kids) - 1, 0)
     for key in sorted(kids):
-        kb = _dumps(key).encode()
+        kb = _dumps(key).encode("utf-8", "surrogatepass")
         kid = kids[key]
         h.update(sha256(kb).digest())
         h.update(kid.digest)
@@ -81,7 +81,7 @@ def build(value: Any) -> Node:
     if isinstance(value, list):
         kids = [build(v) for v in value]
         return _seal_list(Node(b"", 0, kids, [k.digest for k in kids], sum(k.size for k in kids)))
-    blob = _dumps(value).encode()
+    blob = _dumps(value).encode("utf-8", "surrogatepass")
     return Node(sha256(b"s" + blob).digest(), len(blob))
 
 

@@ -42,7 +42,11 @@ class Encoded:
 
 
 def _json_bytes(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    return len(
+        json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode(
+            "utf-8", "surrogatepass"
+        )
+    )
 
 
 def encode(

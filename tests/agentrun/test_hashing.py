@@ -68,3 +68,13 @@ def test_the_workload_step_hashes_incrementally():
             state = nxt
         assert node.hex == hashing.digest(state)
         assert node.size == workload.json_size(state)
+
+
+def test_a_lone_surrogate_hashes_like_any_other_string():
+    # JSON can carry one ("\ud800"), and redaction and storage keep it as is.
+    a, b = {"s": "x\ud800y", "k\udfff": 1}, {"k\udfff": 1, "s": "x\ud800y"}
+    assert hashing.digest(a) == hashing.digest(b) == delta.state_hash(a)
+    assert hashing.digest(a) != hashing.digest({"s": "x\ud801y", "k\udfff": 1})
+    node = hashing.build({"s": "x"})
+    ops = delta.diff({"s": "x"}, a)
+    assert hashing.apply(node, ops).hex == hashing.digest(a)

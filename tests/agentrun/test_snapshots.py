@@ -66,3 +66,19 @@ def test_appends_are_stored_as_small_deltas_with_keyframes_once_they_outweigh_th
         if r.kind == SnapshotKind.DELTA:
             assert r.stored_bytes < 200
     assert delta.canonical(snapshots.load_state(rows[-1])) == delta.canonical(chain[-1])
+
+
+def test_a_state_with_a_lone_surrogate_is_stored_and_read_back_exactly():
+    run = Run.objects.create(agent="scripted")
+    base = "a long unchanged text " * 100  # so that changes are stored as deltas
+    chain = [
+        {"base": base, "log": ["ok"]},
+        {"base": base, "log": ["ok", "half \ud800 a pair"]},
+        {"base": base, "log": ["\udfff"], "k\ud800": 1},
+    ]
+    write_chain(run, chain)
+    rows = list(Snapshot.objects.filter(run=run).order_by("seq"))
+    assert [r.kind for r in rows] == ["full", "delta", "delta"]
+    for row, state in zip(rows, chain, strict=True):
+        assert snapshots.load_state(Snapshot.objects.get(pk=row.pk)) == state
+        assert row.hash == delta.state_hash(state)
