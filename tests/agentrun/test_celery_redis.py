@@ -1,7 +1,5 @@
 """On Redis, a channel sends all its plain commands through one client."""
 
-import uuid
-
 import pytest
 from django.conf import settings
 from kombu.simple import SimpleQueue
@@ -27,7 +25,7 @@ def test_a_redis_channel_publishes_receives_and_acks_with_one_client(monkeypatch
     with celery_app.connection_for_write() as conn:
         channel = conn.channel()
         assert isinstance(channel, Channel)
-        queue = SimpleQueue(channel, f"test-celery-redis-{uuid.uuid4().hex}")
+        queue = SimpleQueue(channel, "agentrun-test-celery-redis")
         try:
             for n in range(3):
                 queue.put({"n": n})
@@ -42,6 +40,7 @@ def test_a_redis_channel_publishes_receives_and_acks_with_one_client(monkeypatch
                 assert not any(client.hexists(channel.unacked_key, tag) for tag in tags)
         finally:
             queue.clear()
+            channel.queue_delete(queue.queue.name)
             queue.close()
     # The channel's own client (for BRPOP) aside, one more; kombu alone makes one per
     # publish, get and ack.
