@@ -343,6 +343,21 @@ def _numbered(sql: str) -> str:
     return re.sub(r"%s", lambda _: f"${next(counter)}", sql)
 
 
+@cache
+def _preparing_cursor() -> type:
+    import psycopg
+
+    class PreparingCursor(psycopg.RawCursor):
+        """Prepares every statement: the hot path has a handful of shapes, run per step,
+        and Django turns psycopg's automatic preparing off for poolers' sake."""
+
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            kwargs.setdefault("prepare", True)
+            return super().execute(query, params, **kwargs)
+
+    return PreparingCursor
+
+
 def _cursor(conn: Any) -> CursorWrapper:
     """On PostgreSQL a cursor that sends the statement as is, with $n placeholders and
     the values bound on the server (no client-side parsing of a long statement, and
@@ -351,9 +366,7 @@ def _cursor(conn: Any) -> CursorWrapper:
     conn.ensure_connection()
     if conn.vendor != "postgresql":
         return conn.cursor()
-    import psycopg
-
-    return CursorWrapper(psycopg.RawCursor(conn.connection), conn)
+    return CursorWrapper(_preparing_cursor()(conn.connection), conn)
 
 
 def run_statement(sql: str, params: list[Any]) -> Any:

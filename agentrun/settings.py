@@ -41,7 +41,12 @@ def database_from_url(url: str) -> dict:
         return sqlite_database(Path(unquote(parts.path)))
     if parts.scheme not in ("postgres", "postgresql"):
         raise ValueError(f"DATABASE_URL: unsupported scheme {parts.scheme!r}")
-    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    options: dict = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    # The engine's step statements (agentrun/rawsql.py) are prepared on the server;
+    # Django's own queries never are. Behind a pooler that can't keep prepared
+    # statements, add ?prepare_threshold=none to the URL.
+    threshold = options.pop("prepare_threshold", "5")
+    options["prepare_threshold"] = None if threshold.lower() in ("", "none") else int(threshold)
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")),

@@ -84,3 +84,39 @@ def test_an_asynchronous_write_leaves_the_connection_committing_synchronously():
         assert cursor.fetchone()[0] == "on"
     run.refresh_from_db()
     assert run.phase == "guarded"
+
+
+def test_database_urls_prepare_the_hot_path_unless_told_not_to():
+    from agentrun.settings import database_from_url
+
+    url = "postgres://u:p@db:5432/agentrun"
+    assert database_from_url(url)["OPTIONS"] == {"prepare_threshold": 5}
+    assert database_from_url(url + "?prepare_threshold=none")["OPTIONS"] == {
+        "prepare_threshold": None
+    }
+    assert database_from_url(url + "?prepare_threshold=2&sslmode=require")["OPTIONS"] == {
+        "prepare_threshold": 2,
+        "sslmode": "require",
+    }
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's"
+)
+def test_the_step_statements_are_prepared_once_and_reused():
+    from agentrun import engine
+    from tests.base import calls
+
+    run = make_run(script(*[calls({"tool": "echo", "args": {"n": i}}) for i in range(6)], final()))
+    connection.close()  # a new session: nothing prepared yet
+    engine.execute_step(run.pk, 1, chain=60)
+    run.refresh_from_db()
+    assert run.status == "succeeded"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), sum(generic_plans + custom_plans) FROM pg_prepared_statements"
+            ' WHERE statement LIKE \'WITH g AS (UPDATE "agentrun_run" SET "next_step"%%\''
+        )
+        statements, uses = cursor.fetchone()
+    # Commits of steps that claim the next one share a statement; the last one differs.
+    assert 1 <= statements <= 3 and uses >= 6
