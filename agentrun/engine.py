@@ -532,8 +532,7 @@ def _run_update(ctx: _Ctx, changes: dict[str, Any]) -> tuple[str, list[Any]]:
 @cache
 def _run_update_sql(shape: tuple[tuple[str, str | None], ...]) -> str:
     sets = ", ".join(
-        f"{rawsql.column(Run, name)} = {raw or rawsql.slot(Run, name)}"
-        for name, raw in shape
+        f"{rawsql.column(Run, name)} = {raw or rawsql.slot(Run, name)}" for name, raw in shape
     )
     return (
         f"UPDATE {rawsql.table(Run)} SET {sets} WHERE id = %s AND next_step = %s"

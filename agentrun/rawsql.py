@@ -199,8 +199,7 @@ def _sets(part: _Part) -> str:
 def _values(part: _Part) -> tuple[str, str]:
     cols = ", ".join(column(part.model, n) for n in part.values)
     phs = ", ".join(
-        v.text if isinstance(v, Sql) else slot(part.model, n)
-        for n, v in part.values.items()
+        v.text if isinstance(v, Sql) else slot(part.model, n) for n, v in part.values.items()
     )
     return cols, phs
 

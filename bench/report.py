@@ -30,7 +30,12 @@ TARGETS = [
     ("history", "whole history (snapshots.history)", 100.0, "ms"),
     ("fork_first", "fork from 500 → first new step committed", 100.0, "ms"),
     ("fork_complete", "fork from 500 → completion, in-process", 1500.0, "ms"),
-    ("diff", "pre→post diff at step 1000 (as the diff view computes it, loading included)", 50.0, "ms"),
+    (
+        "diff",
+        "pre→post diff at step 1000 (as the diff view computes it, loading included)",
+        50.0,
+        "ms",
+    ),
     ("page", "run detail page server time", 150.0, "ms"),
     ("throughput", "trivial steps/s with 2 workers", 100.0, "steps/s"),
     ("flat_same", "flat: per-step overhead at N=1000 within 25% of N=50", 1.25, "×"),

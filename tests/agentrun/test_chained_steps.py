@@ -39,7 +39,9 @@ def test_a_chained_call_runs_the_whole_run_with_every_record_a_step_by_step_run_
         for at in ("pre", "post"):
             assert snapshots.load(chained.pk, n, at) == snapshots.load(stepped.pk, n, at)
     kinds = list(Event.objects.filter(run=chained).order_by("id").values_list("kind", flat=True))
-    assert kinds == list(Event.objects.filter(run=stepped).order_by("id").values_list("kind", flat=True))
+    assert kinds == list(
+        Event.objects.filter(run=stepped).order_by("id").values_list("kind", flat=True)
+    )
     assert [tc.result for tc in ToolCall.objects.filter(run=chained).order_by("step__number")] == [
         tc.result for tc in ToolCall.objects.filter(run=stepped).order_by("step__number")
     ]

@@ -27,16 +27,23 @@ def test_worker_command_runs_the_agentrun_app_with_beat_in_var():
 
 
 def test_only_the_first_worker_runs_beat_and_the_web_server_comes_last():
-    children = up.child_commands("127.0.0.1", 8765, 3, var_dir=Path("/v"), python="py",
-                                 manage=Path("/app/manage.py"))
+    children = up.child_commands(
+        "127.0.0.1", 8765, 3, var_dir=Path("/v"), python="py", manage=Path("/app/manage.py")
+    )
     names = [name for name, _ in children]
     assert names == ["celery worker 1 (+beat)", "celery worker 2", "celery worker 3", "web server"]
     workers = [argv for name, argv in children if name.startswith("celery")]
     assert ["-B" in argv for argv in workers] == [True, False, False]
     hostnames = {argv[argv.index("--hostname") + 1] for argv in workers}
     assert len(hostnames) == 3  # distinct node names
-    assert children[-1][1] == ["py", "/app/manage.py", "runserver", "--noreload", "--insecure",
-                               "127.0.0.1:8765"]
+    assert children[-1][1] == [
+        "py",
+        "/app/manage.py",
+        "runserver",
+        "--noreload",
+        "--insecure",
+        "127.0.0.1:8765",
+    ]
 
 
 def test_ipv6_hosts_are_bracketed_and_wildcards_shown_as_loopback():
@@ -56,8 +63,10 @@ def test_children_get_the_same_environment():
 def test_filesystem_broker_folders_are_under_the_var_dir(settings, tmp_path):
     settings.CELERY_BROKER_URL = "filesystem://"
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(tmp_path / "q"), "data_folder_out": str(tmp_path / "q"),
-        "processed_folder": str(tmp_path / "p"), "visibility_timeout": 60,
+        "data_folder_in": str(tmp_path / "q"),
+        "data_folder_out": str(tmp_path / "q"),
+        "processed_folder": str(tmp_path / "p"),
+        "visibility_timeout": 60,
     }
     assert set(up.broker_folders()) == {tmp_path / "q", tmp_path / "p"}
     settings.CELERY_BROKER_URL = "redis://127.0.0.1:6379/0"
