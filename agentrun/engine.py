@@ -26,7 +26,7 @@ from functools import cache
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, close_old_connections, connection, transaction
 from django.utils import timezone
 
 from agentrun import delta, hashing, rawsql, snapshots
@@ -904,11 +904,22 @@ def _save_side_effect_result(ctx: _Ctx, tc: ToolCall, t: Tool) -> None:
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agentrun-tool")
 
 
+def _in_pool(t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
+    """A tool call in a pool thread. The thread keeps its own database connection
+    (a tool may use the ORM): check it as Django does around a request, so a
+    connection broken by a database restart is replaced, not reused forever."""
+    close_old_connections()
+    try:
+        return t(tctx, args)
+    finally:
+        close_old_connections()
+
+
 def _call_with_timeout(ctx: _Ctx, t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
     """Run the tool in a pool thread, extending our lease while it works."""
     if t.timeout <= 0:
         return t(tctx, args)
-    future = _POOL.submit(t, tctx, args)
+    future = _POOL.submit(_in_pool, t, tctx, args)
     deadline = time.monotonic() + t.timeout
     beat = max(settings.AGENTRUN_LEASE_SECONDS / 3, 0.05)
     while True:

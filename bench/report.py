@@ -527,9 +527,11 @@ def _e2e(results: dict[str, Any]) -> list[str]:
         )
         + [
             "",
-            "commit → commit: time between the returns of consecutive execute_step tasks (after their commits), "
-            "taken in the worker; task = inside execute_step; queue gap = from one task's end to the next one's start "
-            "(message publish on commit, Redis, prefork hand-off).",
+            "commit → commit: time between consecutive steps' commits (`Step.finished_at`) in the worker. A task "
+            "goes on with the run's next steps for up to `AGENTRUN_CHAIN_SECONDS` (0.5 s; each commit claims the "
+            "next step), then hands the run back to the queue; task and task CPU are per step inside a task; "
+            "queue gap = from one task's end to the next one's start (message publish on commit, Redis, prefork "
+            "hand-off), paid once per hand-off.",
             "",
         ]
     )

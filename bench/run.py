@@ -27,7 +27,7 @@ FULL = {
     "e2e_repeats": {50: 3, 200: 2, 1000: 2},
     "reads": 7,
     "tp_runs": 100,
-    "tp_steps": 5,
+    "tp_steps": 20,
 }
 QUICK = {
     "sizes": (50, 200),
@@ -35,7 +35,7 @@ QUICK = {
     "e2e_repeats": {50: 1, 200: 1},
     "reads": 3,
     "tp_runs": 100,
-    "tp_steps": 2,
+    "tp_steps": 10,
 }
 
 
