@@ -12,6 +12,7 @@ JSON size falls out of the same tree: no step serialises a 2.5 MB state.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from hashlib import sha256
 from typing import Any
 
@@ -54,16 +55,23 @@ class Node:
         return Node(self.digest, self.size, kids, digests, self.total)
 
 
+@lru_cache(maxsize=8192)
+def _key(key: str) -> tuple[bytes, int]:
+    """Digest and JSON size of an object key (states repeat the same few keys)."""
+    kb = _dumps(key).encode("utf-8", "surrogatepass")
+    return sha256(kb).digest(), len(kb)
+
+
 def _seal_dict(node: Node) -> Node:
     h = sha256(b"d")
     kids = node.kids
     size = 2 + max(len(kids) - 1, 0)
     for key in sorted(kids):
-        kb = _dumps(key).encode("utf-8", "surrogatepass")
+        kd, kl = _key(key)
         kid = kids[key]
-        h.update(sha256(kb).digest())
+        h.update(kd)
         h.update(kid.digest)
-        size += len(kb) + 1 + kid.size
+        size += kl + 1 + kid.size
     node.digest, node.size = h.digest(), size
     return node
 

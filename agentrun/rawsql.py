@@ -95,13 +95,13 @@ def _passes(model: type[models.Model], name: str) -> tuple[type, ...]:
 def _nullable(model: type[models.Model], name: str) -> bool:
     """None is SQL NULL for this field as it is (not, say, JSON null)."""
     f = _field(model, name)
-    return f.null and f.get_internal_type() != "JSONField"
+    return f.null or f.get_internal_type() == "JSONField"  # JSONField saves None as NULL
 
 
-def prep(model: type[models.Model], name: str, value: Any) -> Any:
+def prep(model: type[models.Model], name: str, value: Any, conn: Any = None) -> Any:
     if type(value) in _passes(model, name) or (value is None and _nullable(model, name)):
         return value
-    return _field(model, name).get_db_prep_save(value, db())
+    return _field(model, name).get_db_prep_save(value, conn or db())
 
 
 def placeholder(model: type[models.Model], name: str, value: Any, params: list[Any]) -> str:
@@ -180,12 +180,13 @@ class _Part:
             tuple((n, v.text if isinstance(v, Sql) else None) for n, v in self.values.items()),
         )
 
-    def params(self) -> list[Any]:
+    def params(self, conn: Any = None) -> list[Any]:
         if self.kind == "select":
             return list(self.values.values())
-        out = [prep(self.model, n, v) for n, v in self.values.items() if not isinstance(v, Sql)]
+        model = self.model
+        out = [prep(model, n, v, conn) for n, v in self.values.items() if not isinstance(v, Sql)]
         if self.kind == "update":
-            out.append(prep(self.model, "pk", self.pk))
+            out.append(prep(model, "pk", self.pk, conn))
         return out
 
 
@@ -287,14 +288,15 @@ class Guarded:
 
     def _execute_pg(self, sync: bool) -> list[Any] | None:
         sql = _statement(self.guard, self.parts, sync)
+        conn = db()
         params = list(self.guard_params)
         for part in self.parts:
             if part.kind != "select":
-                params += part.params()
+                params += part.params(conn)
         for part in self.parts:  # the selects come last in the statement's text
             if part.kind == "select":
                 params += part.params()
-        row = run_statement(sql, params)
+        row = run_statement(sql, params, conn)
         if row is None or row[0] != 1:
             return None
         return list(row[1:] if sync else row[1:-1])
@@ -368,19 +370,19 @@ def _cursor(conn: Any) -> CursorWrapper:
     return CursorWrapper(_preparing_cursor()(conn.connection), conn)
 
 
-def run_statement(sql: str, params: list[Any]) -> Any:
-    """Execute one statement and return its first row (or None), committing it.
+def run_statement(sql: str, params: list[Any], conn: Any = None) -> Any:
+    """Execute one statement that returns rows; its first row (or None), committed.
 
     Inside an atomic block (tests, callers' transactions) it runs in a
     savepoint and commits with the block; otherwise it is its own transaction.
     """
-    conn = db()
+    conn = conn or db()
     if conn.vendor == "postgresql":
         sql = _numbered(sql)
     if conn.in_atomic_block:
         with transaction.atomic(), _cursor(conn) as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchone() if cursor.description else None
+            return cursor.cursor.fetchone()
     with _cursor(conn) as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchone() if cursor.description else None
+        return cursor.cursor.fetchone()
