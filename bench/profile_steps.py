@@ -134,7 +134,9 @@ class QueryLog:
             f"{count / steps:.1f} statements per step taking {total_ms / steps:.1f} ms per step in the database "
             f"round trip (send, server work, receive; not decoding), plus {commits[0] / steps:.1f} COMMITs per step "
             f"taking {commits[1] / steps * 1000:.1f} ms per step (psycopg Connection.commit in the profile, "
-            f"fsync included); wall median {wall_median:.1f} ms per step under the profiler.",
+            f"fsync included); wall median {wall_median:.1f} ms per step under the profiler. A statement run "
+            "outside a transaction commits by itself, inside its round trip (the step's commit waits for the WAL "
+            "flush; the claim and the decision commit asynchronously).",
             "",
             "| statement | per step | ms/step | mean ms | mean bytes sent |",
             "|---|---|---|---|---|",

@@ -23,8 +23,9 @@ from bench.wl import check_table, source_info  # noqa: E402
 
 FULL = {
     "sizes": (50, 200, 1000),
-    "repeats": {50: 5, 200: 3, 1000: 2},
-    "e2e_repeats": {50: 3, 200: 2, 1000: 2},
+    # A full run takes a few minutes now: enough repeats for medians that hold still.
+    "repeats": {50: 5, 200: 5, 1000: 5},
+    "e2e_repeats": {50: 3, 200: 3, 1000: 3},
     "reads": 7,
     "tp_runs": 100,
     "tp_steps": 20,
