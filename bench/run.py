@@ -114,29 +114,39 @@ def main() -> int:
 
     from bench import celery_bench, measure
 
-    run_no = 0
+    # Cases take turns, one repeat each per round: a machine that slows down for a
+    # while slows every case alike, so cases compare (flat N=1000 against N=50) fairly.
+    cases = []
     for n in sizes:
         for variant in variants:
             case: dict[str, Any] = {"variant": variant, "n": n, "repeats": []}
             results["in_process"].append(case)
-            for r in range(mode["repeats"].get(n, 1)):
-                run_no += 1
-                t0 = time.monotonic()
-                try:
-                    rep = measure.one_repeat(variant, n, run_no, mode["reads"], args.budget)
-                except Exception as exc:  # recorded; the other cases still run
-                    traceback.print_exc()
-                    results["errors"].append(f"in-process {variant} N={n} #{r + 1}: {exc!r}")
-                    break
-                case["repeats"].append(rep)
-                print(
-                    f"in-process {variant:4s} N={n:<5d} #{r + 1}: {report.brief(rep)} "
-                    f"({time.monotonic() - t0:.0f} s)",
-                    flush=True,
-                )
-                save()
-                if "aborted" in rep:
-                    break
+            cases.append(case)
+    stopped: set[int] = set()
+    run_no = 0
+    for r in range(max(mode["repeats"].get(n, 1) for n in sizes)):
+        for i, case in enumerate(cases):
+            variant, n = case["variant"], case["n"]
+            if i in stopped or r >= mode["repeats"].get(n, 1):
+                continue
+            run_no += 1
+            t0 = time.monotonic()
+            try:
+                rep = measure.one_repeat(variant, n, run_no, mode["reads"], args.budget)
+            except Exception as exc:  # recorded; the other cases still run
+                traceback.print_exc()
+                results["errors"].append(f"in-process {variant} N={n} #{r + 1}: {exc!r}")
+                stopped.add(i)
+                continue
+            case["repeats"].append(rep)
+            print(
+                f"in-process {variant:4s} N={n:<5d} #{r + 1}: {report.brief(rep)} "
+                f"({time.monotonic() - t0:.0f} s)",
+                flush=True,
+            )
+            save()
+            if "aborted" in rep:
+                stopped.add(i)
 
     if not args.no_pages:
         results["code"]["pages"] = report.code_version()
