@@ -342,18 +342,22 @@ def _is_index(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+_ARITY = {"set": 3, "del": 2, "splice": 5}
+
+
 def _apply(root: list, owned: dict[int, Any], op: Any) -> None:
     if not isinstance(op, list | tuple) or not op:
         raise DeltaError(f"not an op: {op!r}")
     name = op[0]
-    arity = {"set": 3, "del": 2, "splice": 5}.get(name) if isinstance(name, str) else None
+    arity = _ARITY.get(name) if isinstance(name, str) else None
     if arity is None or len(op) != arity:
         raise DeltaError(f"malformed op: {op!r}")
     path = op[1]
-    if not isinstance(path, list | tuple) or not all(
-        isinstance(step, str) or _is_index(step) for step in path
-    ):
+    if not isinstance(path, list | tuple):
         raise DeltaError(f"bad path in op: {op!r}")
+    for step in path:  # a loop, not all(...): patches run for every delta of a history
+        if not (type(step) is str or type(step) is int or isinstance(step, str) or _is_index(step)):
+            raise DeltaError(f"bad path in op: {op!r}")
 
     if name == "splice":
         target = _walk(root, owned, path, op)
@@ -410,7 +414,8 @@ def _own_child(parent: Any, key: Any, owned: dict[int, Any], op: Any) -> Any:
     child = parent[key]
     if id(child) in owned:
         return child
-    kind = _kind(child)
+    t = type(child)
+    kind = _DICT if t is dict else _LIST if t is list else _kind(child)
     if kind == _DICT:
         copy: Any = dict(child)
     elif kind == _LIST:
