@@ -1126,13 +1126,10 @@ def _write_post(
             "state_size": snap.size,
         },
     )
-    _event(
-        write,
-        ctx,
-        "step_failed" if failure else "step_committed",
-        {"hash": snap.hash[:16], "phase": snap.phase},
-        now,
-    )
+    # A committed step is on record in its Step row and post snapshot; the event log
+    # keeps what is more than progress: failures, waits, retries, operators' actions.
+    if failure:
+        _event(write, ctx, "step_failed", {"hash": snap.hash[:16], "phase": snap.phase}, now)
     if terminal:
         status_now = run_changes["status"]
         _event(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agentrun.models import Event, LedgerInvocation, Run, Snapshot, Step
+from agentrun.models import LedgerInvocation, Run, Snapshot, Step
 from agentrun.tasks import execute_step_task
 from tests.base import calls, final, make_run, script
 from tests.workers import wait_until
@@ -42,7 +42,6 @@ def test_a_duplicated_step_message_commits_the_step_once(start_worker, settings)
     execute_step_task.delay(str(run.pk), 2)
     wait_until(_settled(run), timeout=60, what="the run to finish")
     assert run.status == "succeeded"
-    assert Event.objects.filter(run=run, kind="step_committed", step=1).count() == 1
     assert Snapshot.objects.filter(run=run, step=1).count() == 2
     assert Step.objects.get(run=run, number=1).decision_count == 1
     assert list(LedgerInvocation.objects.filter(run=run).values_list("count", flat=True)) == [1]

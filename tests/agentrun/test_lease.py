@@ -2,7 +2,7 @@
 
 import pytest
 
-from agentrun.models import Event, Step
+from agentrun.models import Snapshot, Step
 from tests.base import calls, final, make_run, script
 from tests.workers import wait_until
 
@@ -19,4 +19,5 @@ def test_a_long_tool_call_extends_the_lease_instead_of_losing_the_step(start_wor
     )
     assert run.status == "succeeded"
     assert Step.objects.get(run=run, number=1).attempts == 1  # 8 s > the 3 s lease, yet one attempt
-    assert Event.objects.filter(run=run, kind="step_committed", step=1).count() == 1
+    assert Step.objects.get(run=run, number=1).status == "succeeded"
+    assert Snapshot.objects.filter(run=run, step=1, at="post").count() == 1

@@ -52,7 +52,6 @@ def test_a_zombie_workers_commit_is_refused_and_writes_nothing(start_worker, set
     assert Snapshot.objects.get(run=run, step=2, at="post").hash == post_hash
     assert Snapshot.objects.filter(run=run).count() == snapshots_before
     assert Event.objects.filter(run=run).count() == events_before
-    assert Event.objects.filter(run=run, kind="step_committed", step=2).count() == 1
     assert step2.attempts == 2
     run.refresh_from_db()
     assert run.status == "succeeded" and run.next_step == 5
