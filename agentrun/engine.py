@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
 import traceback
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache
@@ -38,6 +40,7 @@ from agentrun.models import (
     Run,
     RunStatus,
     Snapshot,
+    SnapshotKind,
     Step,
     StepStatus,
     ToolCall,
@@ -916,21 +919,87 @@ def _in_pool(t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
 
 
 def _call_with_timeout(ctx: _Ctx, t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
-    """Run the tool in a pool thread, extending our lease while it works."""
-    if t.timeout <= 0:
-        return t(tctx, args)
-    future = _POOL.submit(_in_pool, t, tctx, args)
-    deadline = time.monotonic() + t.timeout
-    beat = max(settings.AGENTRUN_LEASE_SECONDS / 3, 0.05)
-    while True:
+    """Run the tool, keeping our lease while it works and stopping it at its timeout.
+
+    In a process's main thread (a Celery worker process, the in-process executor)
+    the tool runs right here: SIGALRM at its deadline raises a transient ToolError
+    inside it, as Celery's soft time limit does, so a timed-out call is stopped, not
+    left running. Other threads have no signals: there it runs in a pool thread the
+    caller stops waiting for. Either way the lease watchdog renews the lease.
+    """
+    with _WATCHDOG.watching(ctx):
+        if t.timeout <= 0:
+            return t(tctx, args)
+        if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+            return _with_alarm(t, tctx, args)
+        future = _POOL.submit(_in_pool, t, tctx, args)
         try:
-            return future.result(timeout=min(beat, max(deadline - time.monotonic(), 0)))
+            return future.result(timeout=t.timeout)
         except FutureTimeout:
-            if time.monotonic() >= deadline:
-                raise ToolError(
-                    f"{t.name} timed out after {t.timeout:g}s", transient=True
-                ) from None
-            _heartbeat(ctx)
+            raise _timed_out(t) from None
+
+
+def _timed_out(t: Tool) -> ToolError:
+    return ToolError(f"{t.name} timed out after {t.timeout:g}s", transient=True)
+
+
+def _with_alarm(t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
+    def alarm(signum: int, frame: Any) -> None:
+        raise _timed_out(t)
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, t.timeout)
+    try:
+        return t(tctx, args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+
+
+class _LeaseWatchdog:
+    """One thread per process that renews the leases of steps whose tool is running."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._steps: dict[int, list[Any]] = {}  # key: [ctx, next renewal (monotonic)]
+        self._keys = iter(range(1, 1 << 62))
+        self._pid = 0
+
+    @contextmanager
+    def watching(self, ctx: _Ctx) -> Iterator[None]:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked child: threads don't fork
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="agentrun-lease", daemon=True).start()
+            key = next(self._keys)
+            self._steps[key] = [ctx, time.monotonic() + _beat()]
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._steps.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(_beat() / 2)
+            now = time.monotonic()
+            with self._lock:
+                due = [entry for entry in self._steps.values() if entry[1] <= now]
+                for entry in due:
+                    entry[1] = now + _beat()
+            for ctx, _ in due:
+                try:
+                    close_old_connections()
+                    _heartbeat(ctx)
+                except Exception:  # logged; the step's next guarded write decides
+                    log.exception("lease renewal of step %s of %s", ctx.step.number, ctx.run.pk)
+
+
+def _beat() -> float:
+    return max(settings.AGENTRUN_LEASE_SECONDS / 3, 0.05)
+
+
+_WATCHDOG = _LeaseWatchdog()
 
 
 def _heartbeat(ctx: _Ctx) -> None:
@@ -1140,15 +1209,36 @@ def _write_post(
             now,
         )
     if chain:
-        next_step = Step(
-            run_id=ctx.run.pk,
-            number=number + 1,
-            status=StepStatus.RUNNING,
-            attempts=1,
-            phase_before=snap.phase,
-            started_at=now,
+        next_step = rawsql.instance(
+            Step,
+            {
+                "run_id": ctx.run.pk,
+                "number": number + 1,
+                "status": StepStatus.RUNNING,
+                "attempts": 1,
+                "phase_before": snap.phase,
+                "started_at": now,
+            },
         )
-        next_pre = snapshots.reference(ctx.run.pk, number + 1, "pre", snap)
+        next_pre = rawsql.instance(
+            Snapshot,
+            {
+                "run_id": ctx.run.pk,
+                "step": number + 1,
+                "at": "pre",
+                "seq": Snapshot.seq_for(number + 1, "pre"),
+                "kind": SnapshotKind.REF,
+                "data": None,
+                "keyframe_seq": snap.keyframe_seq,
+                "hash": snap.hash,
+                "size": snap.size,
+                "stored_bytes": 0,
+                "chain_bytes": snap.chain_bytes,
+                "phase": snap.phase,
+                "outcome": "",
+                "created_at": now,
+            },
+        )
         write.insert(Step, rawsql.insert_fields(next_step), returning=True)
         write.insert(Snapshot, rawsql.insert_fields(next_pre), returning=True)
     try:

@@ -121,6 +121,27 @@ def insert_fields(obj: models.Model) -> dict[str, Any]:
 
 
 @cache
+def _concrete(model: type[models.Model]) -> tuple[tuple[str, models.Field], ...]:
+    return tuple((f.attname, f) for f in model._meta.concrete_fields)
+
+
+def instance(model: type[models.Model], values: dict[str, Any]) -> Any:
+    """A new, unsaved instance from attname values, other fields at their defaults.
+
+    Built as Model.from_db builds one (positional, several times faster than keyword
+    arguments); the caller inserts it and then marks it saved.
+    """
+    fields = _concrete(model)
+    obj = model.from_db(
+        db().alias,
+        [name for name, _ in fields],
+        [values[name] if name in values else f.get_default() for name, f in fields],
+    )
+    obj._state.adding = True
+    return obj
+
+
+@cache
 def _converters(model: type[models.Model], names: tuple[str, ...]) -> list[Any]:
     conn = db()
     out = []
