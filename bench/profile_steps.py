@@ -222,15 +222,15 @@ AREAS = (
         "bench (the agent, the tool, the workload, this profiler's SQL log)",
     ),
     ("json/", "json (encode/decode)"),
-    ("threading", "threads (the tool runs in a pool thread with a timeout)"),
-    ("concurrent/", "threads (the tool runs in a pool thread with a timeout)"),
+    ("threading", "threads (locks; a pool thread runs tools only off the main thread)"),
+    ("concurrent/", "threads (locks; a pool thread runs tools only off the main thread)"),
 )
 
 
 def _area(filename: str, name: str) -> str:
     if filename == "~":
         if "lock" in name:
-            return "threads (the tool runs in a pool thread with a timeout)"
+            return "threads (locks; a pool thread runs tools only off the main thread)"
         return "builtins (getattr, isinstance, str.join, …: called from the rows above)"
     for needle, label in AREAS:
         if needle in filename:
