@@ -40,7 +40,6 @@ from agentrun.models import (
     Run,
     RunStatus,
     Snapshot,
-    SnapshotKind,
     Step,
     StepStatus,
     ToolCall,
@@ -1220,25 +1219,7 @@ def _write_post(
                 "started_at": now,
             },
         )
-        next_pre = rawsql.instance(
-            Snapshot,
-            {
-                "run_id": ctx.run.pk,
-                "step": number + 1,
-                "at": "pre",
-                "seq": Snapshot.seq_for(number + 1, "pre"),
-                "kind": SnapshotKind.REF,
-                "data": None,
-                "keyframe_seq": snap.keyframe_seq,
-                "hash": snap.hash,
-                "size": snap.size,
-                "stored_bytes": 0,
-                "chain_bytes": snap.chain_bytes,
-                "phase": snap.phase,
-                "outcome": "",
-                "created_at": now,
-            },
-        )
+        next_pre = snapshots.reference(ctx.run.pk, number + 1, "pre", snap)
         write.insert(Step, rawsql.insert_fields(next_step), returning=True)
         write.insert(Snapshot, rawsql.insert_fields(next_pre), returning=True)
     try:

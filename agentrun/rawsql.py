@@ -104,13 +104,6 @@ def prep(model: type[models.Model], name: str, value: Any, conn: Any = None) -> 
     return _field(model, name).get_db_prep_save(value, conn or db())
 
 
-def placeholder(model: type[models.Model], name: str, value: Any, params: list[Any]) -> str:
-    if isinstance(value, Sql):
-        return value.text
-    params.append(prep(model, name, value))
-    return slot(model, name)
-
-
 def insert_fields(obj: models.Model) -> dict[str, Any]:
     """Every concrete field of an unsaved object but an automatic primary key."""
     return {
@@ -231,7 +224,7 @@ def _values(part: _Part) -> tuple[str, str]:
 ASYNC_COMMIT = "cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v)"
 
 
-def _pg_statement(guard: str, shapes: tuple[Any, ...], parts: tuple[_Part, ...], sync: bool) -> str:
+def _pg_statement(guard: str, parts: list[_Part], sync: bool) -> str:
     ctes = [f"g AS ({guard} RETURNING 1)"]
     outs = ["(SELECT count(*) FROM g)"]
     for i, part in enumerate(parts):
@@ -255,20 +248,6 @@ def _pg_statement(guard: str, shapes: tuple[Any, ...], parts: tuple[_Part, ...],
         ctes.insert(0, ASYNC_COMMIT)
         outs.append("(SELECT v FROM cfg)")
     return f"WITH {', '.join(ctes)} SELECT {', '.join(outs)}"
-
-
-class _ShapeKey:
-    """Hashes parts by shape only, so _pg_statement's cache ignores their values."""
-
-    def __init__(self, parts: list[_Part]) -> None:
-        self.parts = tuple(parts)
-        self.key = tuple(p.shape() for p in parts)
-
-    def __hash__(self) -> int:
-        return hash(self.key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _ShapeKey) and other.key == self.key
 
 
 @dataclass
@@ -347,14 +326,15 @@ class Guarded:
         return returned + selects
 
 
-_STATEMENTS: dict[tuple[str, _ShapeKey, bool], str] = {}
+_STATEMENTS: dict[tuple[Any, ...], str] = {}
 
 
 def _statement(guard: str, parts: list[_Part], sync: bool) -> str:
-    key = (guard, _ShapeKey(parts), sync)
+    """The statement's text, built once per shape (its values are only parameters)."""
+    key = (guard, sync, *(p.shape() for p in parts))
     sql = _STATEMENTS.get(key)
     if sql is None:
-        sql = _STATEMENTS[key] = _pg_statement(guard, key[1].key, key[1].parts, sync)
+        sql = _STATEMENTS[key] = _pg_statement(guard, parts, sync)
     return sql
 
 
