@@ -89,15 +89,31 @@ def test_an_asynchronous_write_leaves_the_connection_committing_synchronously():
 def test_database_urls_prepare_the_hot_path_unless_told_not_to():
     from agentrun.settings import database_from_url
 
+    def options(url: str) -> dict:
+        return {k: v for k, v in database_from_url(url)["OPTIONS"].items() if k != "pool"}
+
     url = "postgres://u:p@db:5432/agentrun"
-    assert database_from_url(url)["OPTIONS"] == {"prepare_threshold": 5}
-    assert database_from_url(url + "?prepare_threshold=none")["OPTIONS"] == {
-        "prepare_threshold": None
-    }
-    assert database_from_url(url + "?prepare_threshold=2&sslmode=require")["OPTIONS"] == {
+    assert options(url) == {"prepare_threshold": 5}
+    assert options(url + "?prepare_threshold=none") == {"prepare_threshold": None}
+    assert options(url + "?prepare_threshold=2&sslmode=require") == {
         "prepare_threshold": 2,
         "sslmode": "require",
     }
+
+
+def test_each_process_gets_a_bounded_connection_pool_unless_it_is_turned_off(monkeypatch):
+    from agentrun.settings import database_from_url
+
+    url = "postgres://u:p@db:5432/agentrun"
+    db = database_from_url(url)
+    assert db["OPTIONS"]["pool"]["max_size"] == 10
+    assert db["CONN_MAX_AGE"] == 0  # pooled connections go back to the pool
+    monkeypatch.setenv("DB_POOL_MAX_SIZE", "25")
+    assert database_from_url(url)["OPTIONS"]["pool"]["max_size"] == 25
+    monkeypatch.setenv("DB_POOL_MAX_SIZE", "0")
+    monkeypatch.setenv("DB_CONN_MAX_AGE", "30")
+    db = database_from_url(url)
+    assert "pool" not in db["OPTIONS"] and db["CONN_MAX_AGE"] == 30
 
 
 @pytest.mark.skipif(
