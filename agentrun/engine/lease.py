@@ -82,11 +82,17 @@ def _run_update_sql(shape: tuple[tuple[str, str | None], ...]) -> str:
 
 class _LeaseWatchdog:
     """One thread per process that renews the leases of the steps waiting on a model
-    or a tool, all of them in one statement per beat, however many are in flight."""
+    or a tool, all of them in one statement per beat, however many are in flight.
+
+    Not forever: a wait longer than AGENTRUN_STEP_TIME_LIMIT (a policy or tool that
+    hangs) stops being renewed, so its lease expires and another worker takes the
+    step over; the hung thread's own writes are then refused.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._steps: dict[int, list[Any]] = {}  # key: [ctx, next renewal (monotonic)]
+        # key: [ctx, next renewal, give up after] (time.monotonic())
+        self._steps: dict[int, list[Any]] = {}
         self._keys = iter(range(1, 1 << 62))
         self._pid = 0
 
@@ -97,7 +103,8 @@ class _LeaseWatchdog:
                 self._pid = os.getpid()
                 threading.Thread(target=self._run, name="agentrun-lease", daemon=True).start()
             key = next(self._keys)
-            self._steps[key] = [ctx, time.monotonic() + _beat()]
+            now = time.monotonic()
+            self._steps[key] = [ctx, now + _beat(), now + settings.AGENTRUN_STEP_TIME_LIMIT]
         try:
             yield
         finally:
@@ -115,11 +122,21 @@ class _LeaseWatchdog:
             with self._lock:
                 due = [entry for entry in self._steps.values() if entry[1] <= now]
                 for entry in due:
-                    entry[1] = now + _beat()
+                    entry[1] = now + _beat() if now < entry[2] else float("inf")
+            hung = [entry[0] for entry in due if entry[1] == float("inf")]
+            for ctx in hung:
+                log.error(
+                    "step %s of %s has waited longer than AGENTRUN_STEP_TIME_LIMIT (%ss):"
+                    " its lease is no longer renewed, another worker will take it over",
+                    ctx.step.number,
+                    ctx.run.pk,
+                    settings.AGENTRUN_STEP_TIME_LIMIT,
+                )
+            due = [entry for entry in due if entry[1] != float("inf")]
             if not due:
                 continue
             try:
-                _renew([ctx for ctx, _ in due])
+                _renew([entry[0] for entry in due])
             except Exception:  # logged; each step's next guarded write decides
                 log.exception("lease renewal of %d steps", len(due))
             finally:
