@@ -124,15 +124,25 @@ def test_the_step_statements_are_prepared_once_and_reused():
     from tests.base import calls
 
     run = make_run(script(*[calls({"tool": "echo", "args": {"n": i}}) for i in range(6)], final()))
-    connection.close()  # a new session: nothing prepared yet
-    engine.execute_step(run.pk, 1, chain=60)
-    run.refresh_from_db()
-    assert run.status == "succeeded"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*), sum(generic_plans + custom_plans) FROM pg_prepared_statements"
-            ' WHERE statement LIKE \'WITH g AS (UPDATE "agentrun_run" SET "next_step"%%\''
-        )
-        statements, uses = cursor.fetchone()
+    # A pool of one fresh session, so the steps and the query below share it.
+    options = connection.settings_dict["OPTIONS"]
+    pool = options["pool"]
+    connection.close()
+    connection.close_pool()
+    options["pool"] = {**pool, "min_size": 1, "max_size": 1}
+    try:
+        engine.execute_step(run.pk, 1, chain=60)
+        run.refresh_from_db()
+        assert run.status == "succeeded"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*), sum(generic_plans + custom_plans) FROM pg_prepared_statements"
+                ' WHERE statement LIKE \'WITH g AS (UPDATE "agentrun_run" SET "next_step"%%\''
+            )
+            statements, uses = cursor.fetchone()
+    finally:
+        connection.close()
+        connection.close_pool()
+        options["pool"] = pool
     # Commits of steps that claim the next one share a statement; the last one differs.
     assert 1 <= statements <= 3 and uses >= 6
