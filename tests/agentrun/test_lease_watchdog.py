@@ -42,13 +42,13 @@ def _leased(runs: list[Run]) -> int:
 
 
 def test_one_watchdog_keeps_the_leases_of_many_waiting_steps(settings):
-    settings.AGENTRUN_LEASE_SECONDS = 0.6
+    settings.AGENTRUN_LEASE_SECONDS = 1.5
     runs = [
-        make_run(script(calls({"tool": "test_wait", "args": {"seconds": 2.0 + i / 100}}), final()))
+        make_run(script(calls({"tool": "test_wait", "args": {"seconds": 4.5 + i / 100}}), final()))
         for i in range(12)
     ]
     threads = _in_threads(runs)
-    time.sleep(1.5)  # far past the 0.6 s lease each step took at its claim
+    time.sleep(3.5)  # far past the 1.5 s lease each step took at its claim
     assert _leased(runs) == 12
     watchdogs = [t for t in threading.enumerate() if t.name == "agentrun-lease"]
     assert len(watchdogs) == 1
@@ -59,13 +59,13 @@ def test_one_watchdog_keeps_the_leases_of_many_waiting_steps(settings):
 
 
 def test_a_step_waiting_past_the_step_time_limit_loses_its_lease(settings):
-    settings.AGENTRUN_LEASE_SECONDS = 0.6
-    settings.AGENTRUN_STEP_TIME_LIMIT = 2
-    run = make_run(script(calls({"tool": "test_wait", "args": {"seconds": 4.5}}), final()))
+    settings.AGENTRUN_LEASE_SECONDS = 1.5
+    settings.AGENTRUN_STEP_TIME_LIMIT = 3
+    run = make_run(script(calls({"tool": "test_wait", "args": {"seconds": 9}}), final()))
     (thread,) = _in_threads([run])
-    time.sleep(1.3)
+    time.sleep(2.5)
     assert _leased([run]) == 1  # renewed while within the limit
-    time.sleep(2.0)
+    time.sleep(4.5)  # the limit, a lease and a beat later
     assert _leased([run]) == 0  # given up: another worker may take the step over
     assert engine.claim(str(run.pk), 1, "another-worker") is not None  # taken over
     thread.join(timeout=20)
