@@ -39,6 +39,8 @@ class WaitReason(models.TextChoices):
     APPROVAL = "approval"
     IN_DOUBT = "in_doubt"
     BACKOFF = "backoff"
+    # A step that kept crashing (AGENTRUN_MAX_STEP_ATTEMPTS): an operator retries it.
+    CRASHED = "crashed"
 
 
 class ReplayMode(models.TextChoices):
@@ -160,6 +162,13 @@ class Step(models.Model):
     number = models.IntegerField()
     status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.RUNNING)
     attempts = models.IntegerField(default=0)
+    # Attempts that ended without an outcome: an exception outside a tool, or the worker
+    # died or lost its lease mid-step. Counted at the next claim, so a kill counts too.
+    crashes = models.IntegerField(default=0)
+    # One entry per crash: when, which worker (lease owner), and what is known of it.
+    crash_log = models.JSONField(default=list, blank=True)
+    # The lease owner of the current (or last) attempt.
+    worker = models.CharField(max_length=100, blank=True)
     phase_before = models.CharField(max_length=16, blank=True)
     phase_after = models.CharField(max_length=16, blank=True)
     # thought, rationale, calls | final; for LLM agents also the raw request/response.

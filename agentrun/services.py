@@ -82,6 +82,24 @@ def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
     return run
 
 
+def retry_crashed_step(run: Run, *, user: Any, reason: str = "") -> Run:
+    """An operator tries again a step that kept crashing (or whose agent a worker didn't
+    know): its crash count starts over, its crash log stays."""
+    now = timezone.now()
+    with transaction.atomic():
+        n = Run.objects.filter(
+            pk=run.pk, status=RunStatus.WAITING, wait_reason=WaitReason.CRASHED
+        ).update(status=RunStatus.RUNNING, wait_reason="", error="", updated_at=now)
+        if n != 1:
+            raise ActionError("only a run waiting after its step crashed can be retried")
+        run.refresh_from_db()
+        # Not "running": the next claim is an attempt, not a crash noticed.
+        run.steps.filter(number=run.next_step).update(crashes=0, status=StepStatus.WAITING)
+        record_event("step_retried", run=run, step=run.next_step, user=user, reason=reason)
+        enqueue(run.pk, run.next_step)
+    return run
+
+
 def decide_approval(
     run: Run, *, user: Any, decision: str, comment: str = "", resolution: str | None = None
 ) -> Run:

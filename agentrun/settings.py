@@ -221,6 +221,9 @@ AGENTRUN_AGENT_MODULES = [m.strip() for m in env("AGENTRUN_AGENT_MODULES").split
 AGENTRUN_FAULTS = env_bool("AGENTRUN_FAULTS", EMBEDDED)
 AGENTRUN_MAX_INPUT_BYTES = env_int("AGENTRUN_MAX_INPUT_BYTES", 1024 * 1024)
 AGENTRUN_MAX_STEPS = env_int("AGENTRUN_MAX_STEPS", 10_000)
+# A step that crashed this many times (an exception outside a tool, or its worker died
+# mid-step) is not tried again: its run waits for an operator.
+AGENTRUN_MAX_STEP_ATTEMPTS = env_int("AGENTRUN_MAX_STEP_ATTEMPTS", 5)
 # Don't enqueue from inside the web process/tests when a test drives the engine itself.
 AGENTRUN_ENQUEUE = env_bool("AGENTRUN_ENQUEUE", True)
 # A worker task goes on with the next step of its run (claimed by the commit, no

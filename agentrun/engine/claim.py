@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agentrun import hashing, rawsql, snapshots
-from agentrun.agents import Agent, get_agent
+from agentrun.agents import Agent, InvalidInput, get_agent
 from agentrun.engine.cache import cache_get, cache_put
 from agentrun.engine.context import Claimed
 from agentrun.models import (
@@ -22,6 +22,16 @@ from agentrun.models import (
 )
 
 log = logging.getLogger(__name__)
+
+LOST = "the attempt ended without an outcome: its worker died or lost its lease"
+
+
+class UnknownAgent(Exception):
+    """The claimed run's agent is not registered in this worker."""
+
+    def __init__(self, run: Run, number: int, owner: str, message: str) -> None:
+        super().__init__(message)
+        self.run, self.number, self.owner = run, number, owner
 
 
 def claim(run_id: str, number: int, owner: str) -> Claimed | None:
@@ -38,7 +48,10 @@ def claim(run_id: str, number: int, owner: str) -> Claimed | None:
             if run is None:
                 return None
             step, pre = None, None
-    agent = get_agent(run.agent)
+    try:
+        agent = get_agent(run.agent)
+    except InvalidInput as exc:
+        raise UnknownAgent(run, number, owner, str(exc)) from None
     if pre is None:
         pre, pre_state, pre_node = _ensure_pre_snapshot(run, number, agent)
     else:
@@ -125,13 +138,12 @@ def _claim_pg_sql() -> tuple[str, tuple[str, ...]]:
     snap_t, step_t = rawsql.table(Snapshot), rawsql.table(Step)
     statement = (
         f"WITH {rawsql.ASYNC_COMMIT}, r AS ({_claim_sql()} RETURNING {rawsql.select_list(Run)}), "
-        f"s AS (INSERT INTO {step_t} (run_id, number, status, attempts, phase_before, phase_after,"
-        " decision_count, tokens_in, tokens_out, started_at)"
-        " SELECT r.id, %s::integer, 'running', 1, COALESCE((SELECT phase FROM"
-        f" {snap_t} WHERE run_id = r.id AND seq <= %s::integer ORDER BY seq DESC LIMIT 1), ''),"
-        " '', 0, 0, 0, %s::timestamptz FROM r"
-        " ON CONFLICT (run_id, number) DO UPDATE SET"
-        f" attempts = {step_t}.attempts + 1, status = 'running'"
+        f"s AS (INSERT INTO {step_t} (run_id, number, status, attempts, crashes, crash_log,"
+        " worker, phase_before, phase_after, decision_count, tokens_in, tokens_out, started_at)"
+        " SELECT r.id, %s::integer, 'running', 1, 0, '[]'::jsonb, r.lease_owner, COALESCE((SELECT"
+        f" phase FROM {snap_t} WHERE run_id = r.id AND seq <= %s::integer ORDER BY seq DESC"
+        " LIMIT 1), ''), '', 0, 0, 0, %s::timestamptz FROM r"
+        f" ON CONFLICT (run_id, number) DO UPDATE SET {_RECLAIM_PG}"
         f" RETURNING {rawsql.select_list(Step)}), "
         f"p AS (INSERT INTO {snap_t} ({insert_cols}) SELECT {insert_vals} FROM r,"
         f" LATERAL (SELECT * FROM {snap_t} WHERE run_id = r.id AND seq < %s::integer"
@@ -159,6 +171,7 @@ def _claim_pg(
         number,
         seq,  # phase_before: the phase of the latest snapshot at or before the pre
         rawsql.prep(Step, "started_at", now),
+        LOST,
         number,
         seq,
         rawsql.prep(Snapshot, "created_at", now),
@@ -179,11 +192,26 @@ def _claim_pg(
     return run, step, pre
 
 
+# Another attempt at a step. One whose last attempt is still 'running' ended without an
+# outcome (every way an attempt ends sets another status): it crashed, and counts.
+_RECLAIM_PG = (
+    "attempts = agentrun_step.attempts + 1, status = 'running', worker = EXCLUDED.worker,"
+    " crashes = agentrun_step.crashes + (agentrun_step.status = 'running')::integer,"
+    " crash_log = CASE WHEN agentrun_step.status = 'running' THEN agentrun_step.crash_log"
+    " || jsonb_build_array(jsonb_build_object('worker', agentrun_step.worker, 'error',"
+    " %s::text, 'noticed_at', EXCLUDED.started_at)) ELSE agentrun_step.crash_log END"
+)
+
 _STEP_UPSERT = """
-INSERT INTO agentrun_step (run_id, number, status, attempts, phase_before, phase_after,
-    decision_count, tokens_in, tokens_out, started_at)
-VALUES (%s, %s, 'running', 1, %s, '', 0, 0, 0, %s)
-ON CONFLICT (run_id, number) DO UPDATE SET attempts = agentrun_step.attempts + 1, status = 'running'
+INSERT INTO agentrun_step (run_id, number, status, attempts, crashes, crash_log, worker,
+    phase_before, phase_after, decision_count, tokens_in, tokens_out, started_at)
+VALUES (%s, %s, 'running', 1, 0, '[]', %s, %s, '', 0, 0, 0, %s)
+ON CONFLICT (run_id, number) DO UPDATE SET attempts = agentrun_step.attempts + 1,
+    status = 'running', worker = excluded.worker,
+    crashes = agentrun_step.crashes + (agentrun_step.status = 'running'),
+    crash_log = CASE WHEN agentrun_step.status = 'running' THEN json_insert(
+        agentrun_step.crash_log, '$[#]', json_object('worker', agentrun_step.worker,
+        'error', %s, 'noticed_at', excluded.started_at)) ELSE agentrun_step.crash_log END
 RETURNING *
 """
 
@@ -191,7 +219,8 @@ RETURNING *
 def _upsert_step(run: Run, number: int, phase_before: str, now: Any) -> Step:
     """Create the step, or count one more attempt at it: one statement."""
     run_id = run.pk.hex if connection.vendor == "sqlite" else run.pk
-    return list(Step.objects.raw(_STEP_UPSERT, [run_id, number, phase_before, now]))[0]
+    params = [run_id, number, run.lease_owner, phase_before, now, LOST]
+    return list(Step.objects.raw(_STEP_UPSERT, params))[0]
 
 
 def _ensure_pre_snapshot(

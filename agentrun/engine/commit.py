@@ -54,7 +54,10 @@ def failure_context(
 
 
 def commit_step(ctx: Claimed, decision: Decision, results: list[CallResult]) -> Outcome:
-    post_state = ctx.agent.update(ctx.pre_state, decision, results, ctx.sctx)
+    try:
+        post_state = ctx.agent.update(ctx.pre_state, decision, results, ctx.sctx)
+    except Exception as exc:  # the agent's own bug: this step is the failure, not a crash loop
+        return fail_step(ctx, failure_context(ctx, exc, where="update"))
     finished = decision.final is not None
     return _write_post(
         ctx,
@@ -67,8 +70,16 @@ def commit_step(ctx: Claimed, decision: Decision, results: list[CallResult]) -> 
 
 
 def fail_step(ctx: Claimed, failure: dict[str, Any]) -> Outcome:
-    """A step failed for good: post snapshot with the failure, run failed, compensate."""
-    post_state = ctx.agent.fail(ctx.pre_state, failure, ctx.sctx)
+    """A step failed for good: post snapshot with the failure, run failed, compensate.
+
+    The agent records the failure in its state; if that fails too (its state is
+    what broke), the post snapshot is the pre state and the failure says both.
+    """
+    try:
+        post_state = ctx.agent.fail(ctx.pre_state, failure, ctx.sctx)
+    except Exception as exc:
+        failure = {**failure, "fail_error": f"{type(exc).__name__}: {exc}"[:2000]}
+        post_state = ctx.pre_state
     outcome = _write_post(ctx, post_state, StepStatus.FAILED, RunStatus.FAILED, failure=failure)
     if outcome.status == "failed":
         compensate_run(Run.objects.get(pk=ctx.run.pk))

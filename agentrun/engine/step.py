@@ -7,13 +7,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
+
 from agentrun.agents import CallResult
 from agentrun.engine.act import act_on_call
-from agentrun.engine.claim import claim
+from agentrun.engine.claim import UnknownAgent, claim
 from agentrun.engine.commit import commit_step
 from agentrun.engine.context import Claimed, LeaseLost, Outcome
 from agentrun.engine.decide import calls_of, decide_step
 from agentrun.engine.lease import new_lease_owner
+from agentrun.engine.waits import note_crash, park_crashed, park_unknown_agent
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +39,25 @@ def execute_step(
     outcome; `observe` sees each one as it commits.
     """
     owner = owner or new_lease_owner()
-    ctx = claim(str(run_id), number, owner)
+    try:
+        ctx = claim(str(run_id), number, owner)
+    except UnknownAgent as exc:
+        return park_unknown_agent(exc.run, exc.number, exc.owner, str(exc))
     if ctx is None:
         return Outcome("not_claimed", str(run_id), number)
     ctx.chain_until = time.monotonic() + chain if chain > 0 else 0.0
     while True:
         try:
-            outcome = _run_claimed(ctx)
+            if ctx.step.crashes >= settings.AGENTRUN_MAX_STEP_ATTEMPTS:
+                outcome = park_crashed(ctx)
+            else:
+                outcome = _run_claimed(ctx)
         except LeaseLost as exc:
             log.warning("step %s of %s: lease lost (%s)", ctx.step.number, run_id, exc)
             return Outcome("lost", str(run_id), ctx.step.number, str(exc))
+        except Exception as exc:
+            note_crash(ctx, exc)
+            raise
         if observe is not None:
             observe(outcome)
         if ctx.next is None:
