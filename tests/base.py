@@ -109,7 +109,8 @@ def make_in_flight(
             wait_reason=state if state in ("backoff", "approval", "in_doubt") else "",
             next_step=1 if state == "queued" else step,
             lease_owner=f"{worker}:{uuid.uuid4().hex[:8]}" if leased else "",
-            lease_expires_at=(since if state == "stalled" else now + timedelta(seconds=30))
+            # A live worker's lease stays ahead however long the test takes.
+            lease_expires_at=(since if state == "stalled" else now + timedelta(hours=1))
             if leased
             else None,
             wake_at=now + timedelta(seconds=wake_in) if state == "backoff" else None,

@@ -40,7 +40,7 @@ def test_a_claimed_step_without_a_decision_is_deciding_on_its_worker():
     item = only(snap, "deciding")
     assert (item.run_id, item.step, item.worker) == (run.pk, 1, "web-3:4242")
     assert item.lease_owner == "web-3:4242:0badcafe" and item.step_id is not None
-    assert 0 <= item.waited_s < 5
+    assert 0 <= item.waited_s < 60
     assert snap.counts["deciding"] == 1 and snap.in_flight == 1
 
 
@@ -102,7 +102,7 @@ def test_a_run_nobody_has_claimed_yet_is_queued_without_a_step():
 def test_a_call_left_in_doubt_waits_for_an_operator():
     [run] = make_in_flight("in_doubt", waited=90)
     item = only(inflight.snapshot(), "in_doubt")
-    assert item.run_id == run.pk and item.worker == "" and 89 < item.waited_s < 95
+    assert item.run_id == run.pk and item.worker == "" and 90 <= item.waited_s < 150
     assert item.call is not None and item.call.status == "in_doubt"
 
 
@@ -110,7 +110,7 @@ def test_a_run_whose_lease_ran_out_is_stalled_since_the_expiry():
     [run] = make_in_flight("stalled", waited=40, worker="web-9:13")
     item = only(inflight.snapshot(), "stalled")
     assert item.worker == "web-9:13" and item.since == run.lease_expires_at
-    assert 39 < item.waited_s < 45
+    assert 40 <= item.waited_s < 100
 
 
 def test_finished_runs_are_not_in_flight():
@@ -149,11 +149,13 @@ def test_every_state_is_counted_overall_and_per_worker():
 
 
 def test_each_state_lists_its_longest_waits_first_up_to_the_limit():
-    for waited in (3, 70, 12, 400, 1, 25, 9):
-        make_in_flight("acting", waited=waited)
+    runs = {
+        waited: make_in_flight("acting", waited=waited)[0] for waited in (3, 70, 12, 400, 1, 25, 9)
+    }
     group = inflight.snapshot(limit=3).groups[1]
     assert group.state.key == "acting" and group.count == 7 and group.more == 4
-    assert [round(i.waited_s) for i in group.items] == [400, 70, 25]
+    assert [i.run_id for i in group.items] == [runs[400].pk, runs[70].pk, runs[25].pk]
+    assert group.items[0].waited_s >= 400
 
 
 def test_queued_runs_are_mostly_a_count_unless_asked_for():
@@ -184,7 +186,7 @@ def test_a_retried_step_has_waited_since_this_attempt_not_since_its_old_decision
     claimed = timezone.now() - timedelta(seconds=2)
     Run.objects.filter(pk=run.pk).update(updated_at=claimed)  # claimed again after a backoff
     item = only(inflight.snapshot(), "acting")
-    assert item.since == claimed and item.waited_s < 10
+    assert item.since == claimed and item.waited_s < 60
 
 
 def test_it_reads_everything_in_two_queries_however_many_runs_are_in_flight(
