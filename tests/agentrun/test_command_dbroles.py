@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from io import StringIO
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -23,10 +24,10 @@ from django.db import connection
 from agentrun.events import record_event
 from agentrun.models import Event
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="roles are PostgreSQL's"),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
+postgresql_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="roles are PostgreSQL's"
+)
 
 PASSWORD = "app role password"
 
@@ -86,6 +87,7 @@ TAMPERING = [
 ]
 
 
+@postgresql_only
 def test_the_app_role_appends_and_reads_events_but_cannot_change_them_or_their_triggers(
     app_role,
 ):
@@ -112,6 +114,7 @@ def test_the_app_role_appends_and_reads_events_but_cannot_change_them_or_their_t
     assert triggers == [("agentrun_event_append_only", "O"), ("agentrun_event_no_truncate", "O")]
 
 
+@postgresql_only
 def test_running_it_again_updates_the_role_and_resets_its_grants(app_role):
     create(app_role)
     with connection.cursor() as cur:  # granted by hand since
@@ -125,19 +128,21 @@ def test_running_it_again_updates_the_role_and_resets_its_grants(app_role):
                 app.execute(statement)
 
 
+@postgresql_only
 def test_the_app_works_connected_as_the_app_role(app_role):
     """A run with a side effect, an approval, a cancel and its compensation, as the app role."""
     create(app_role)
     db = connection.settings_dict
     env = {
         "PATH": os.environ["PATH"],
-        "DATABASE_URL": f"postgres://{app_role}:{PASSWORD.replace(' ', '%20')}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": f"postgres://{app_role}:{quote(PASSWORD)}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "AGENTRUN_VAR_DIR": str(settings.VAR_DIR),
         "AGENTRUN_ENQUEUE": "0",
     }
     code = """
 import json
+from django.db import connection
 from agentrun import services
 from agentrun.roles import create_user
 from tests.base import calls, drive, final, make_run, script
@@ -156,7 +161,10 @@ stopped = drive(make_run(script(
     final(),
 )))
 services.cancel_run(stopped, user=olga, reason="stop")
-print(json.dumps([paid.status, stopped.status, stopped.tool_calls.get(tool="reserve").status]))
+with connection.cursor() as cur:
+    cur.execute("SELECT current_user")
+    (user,) = cur.fetchone()
+print(json.dumps([user, paid.status, stopped.status, stopped.tool_calls.get(tool="reserve").status]))
 """
     result = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", code],
@@ -169,9 +177,11 @@ print(json.dumps([paid.status, stopped.status, stopped.tool_calls.get(tool="rese
     )
 
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.splitlines()[-1]) == ["succeeded", "cancelled", "compensated"]
+    outcome = json.loads(result.stdout.splitlines()[-1])
+    assert outcome == [app_role, "succeeded", "cancelled", "compensated"]
 
 
+@postgresql_only
 def test_print_shows_the_grants_without_running_them_or_the_password(app_role):
     out = dbroles("--app-role", app_role, "--password-env", "AGENTRUN_TEST_APP_PASSWORD", "--print")
 
@@ -183,6 +193,7 @@ def test_print_shows_the_grants_without_running_them_or_the_password(app_role):
         assert cur.fetchone() is None
 
 
+@postgresql_only
 @pytest.mark.parametrize(
     ("make_role", "why"),
     [
@@ -199,13 +210,21 @@ def test_it_refuses_a_role_that_bypasses_privileges_or_owns_the_tables(app_role,
         dbroles("--app-role", app_role)
 
 
+@postgresql_only
 def test_it_refuses_to_make_the_tables_owner_the_app_role():
     owner = connection.settings_dict["USER"]
     with pytest.raises(CommandError, match="is a superuser|owns the tables"):
         dbroles("--app-role", owner)
 
 
+@postgresql_only
 def test_it_refuses_an_empty_password_variable(app_role, monkeypatch):
     monkeypatch.setenv("AGENTRUN_TEST_APP_PASSWORD", "")
     with pytest.raises(CommandError, match="is empty or not set"):
         create(app_role)
+
+
+@pytest.mark.skipif(connection.vendor == "postgresql", reason="the embedded database's answer")
+def test_on_the_embedded_database_it_says_roles_are_postgresqls():
+    with pytest.raises(CommandError, match="database roles are PostgreSQL's"):
+        dbroles("--app-role", "agentrun_app")
