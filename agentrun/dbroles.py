@@ -82,7 +82,7 @@ def _statements(
 
     read_write = [t for t in tables if t != EVENTS and t not in READ_ONLY]
     read_only = [t for t in tables if t in READ_ONLY]
-    out = [
+    out: list[sql.Composable] = [
         sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), r),
         sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), r),
         sql.SQL("REVOKE ALL ON TABLE {} FROM {}").format(names(tables), r),

@@ -11,6 +11,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
+from django.db.models import Field
 
 ROLES = ("viewer", "operator", "admin")
 
@@ -57,7 +58,9 @@ def clean_username(name: str) -> str:
     name = User.normalize_username(name)
     # Django's username validator (letters, digits and @.+-_) and the column's max length:
     # field validators skip empty values, hence the checks above.
-    User._meta.get_field(User.USERNAME_FIELD).run_validators(name)
+    field = User._meta.get_field(User.USERNAME_FIELD)
+    assert isinstance(field, Field)
+    field.run_validators(name)
     return name
 
 
