@@ -94,14 +94,17 @@ class _LeaseWatchdog:
         # key: [ctx, next renewal, give up after] (time.monotonic())
         self._steps: dict[int, list[Any]] = {}
         self._keys = iter(range(1, 1 << 62))
-        self._pid = 0
+        self._thread: threading.Thread | None = None
 
     @contextmanager
     def watching(self, ctx: Claimed) -> Iterator[None]:
         with self._lock:
-            if self._pid != os.getpid():  # first use, or a forked child: threads don't fork
-                self._pid = os.getpid()
-                threading.Thread(target=self._run, name="agentrun-lease", daemon=True).start()
+            # First use, a forked child (threads don't fork), or a thread that died.
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="agentrun-lease", daemon=True
+                )
+                self._thread.start()
             key = next(self._keys)
             now = time.monotonic()
             self._steps[key] = [ctx, now + _beat(), now + settings.AGENTRUN_STEP_TIME_LIMIT]
@@ -117,30 +120,37 @@ class _LeaseWatchdog:
 
     def _run(self) -> None:
         while True:
-            time.sleep(_beat() / 2)
-            now = time.monotonic()
-            with self._lock:
-                due = [entry for entry in self._steps.values() if entry[1] <= now]
-                for entry in due:
-                    entry[1] = now + _beat() if now < entry[2] else float("inf")
-            hung = [entry[0] for entry in due if entry[1] == float("inf")]
-            for ctx in hung:
-                log.error(
-                    "step %s of %s has waited longer than AGENTRUN_STEP_TIME_LIMIT (%ss):"
-                    " its lease is no longer renewed, another worker will take it over",
-                    ctx.step.number,
-                    ctx.run.pk,
-                    settings.AGENTRUN_STEP_TIME_LIMIT,
-                )
-            due = [entry for entry in due if entry[1] != float("inf")]
-            if not due:
-                continue
             try:
-                _renew([entry[0] for entry in due])
-            except Exception:  # logged; each step's next guarded write decides
-                log.exception("lease renewal of %d steps", len(due))
-            finally:
-                close_old_connections()  # back to the pool between beats
+                self._beat_once()
+            except Exception:  # never let the one renewing thread die
+                log.exception("lease watchdog")
+
+    def _beat_once(self) -> None:
+        # At most a second: a lease setting that changes (tests) is seen at once.
+        time.sleep(min(_beat() / 2, 1.0))
+        now = time.monotonic()
+        with self._lock:
+            due = [entry for entry in self._steps.values() if entry[1] <= now]
+            for entry in due:
+                entry[1] = now + _beat() if now < entry[2] else float("inf")
+        hung = [entry[0] for entry in due if entry[1] == float("inf")]
+        for ctx in hung:
+            log.error(
+                "step %s of %s has waited longer than AGENTRUN_STEP_TIME_LIMIT (%ss):"
+                " its lease is no longer renewed, another worker will take it over",
+                ctx.step.number,
+                ctx.run.pk,
+                settings.AGENTRUN_STEP_TIME_LIMIT,
+            )
+        due = [entry for entry in due if entry[1] != float("inf")]
+        if not due:
+            return
+        try:
+            _renew([entry[0] for entry in due])
+        except Exception:  # logged; each step's next guarded write decides
+            log.exception("lease renewal of %d steps", len(due))
+        finally:
+            close_old_connections()  # back to the pool between beats
 
 
 def _beat() -> float:
