@@ -435,6 +435,17 @@ def run_cancel(request: HttpRequest, run_id: str) -> HttpResponse:
 
 
 @api_view("POST")
+def run_retry(request: HttpRequest, run_id: str) -> HttpResponse:
+    run = _get_run(run_id)
+    body = _body(request, {"reason": str})
+    try:
+        services.retry_crashed_step(run, user=request.user, reason=body.get("reason", ""))
+    except services.ActionError as exc:
+        raise ApiError(409, str(exc)) from None
+    return JsonResponse(detail_json(_get_run(run_id)))
+
+
+@api_view("POST")
 def run_approve(request: HttpRequest, run_id: str) -> HttpResponse:
     run = _get_run(run_id)
     body = _body(request, {"decision": str, "comment": str, "resolution": str})

@@ -10,6 +10,7 @@ urlpatterns = [
     path("runs/<str:run_id>", api.run_detail, name="run"),
     path("runs/<str:run_id>/snapshots/<str:step>/<str:at>", api.run_snapshot, name="snapshot"),
     path("runs/<str:run_id>/cancel", api.run_cancel, name="cancel"),
+    path("runs/<str:run_id>/retry", api.run_retry, name="retry"),
     path("runs/<str:run_id>/approve", api.run_approve, name="approve"),
     path("runs/<str:run_id>/fork", api.run_fork, name="fork"),
     path("runs/<str:run_id>/side-effects", api.run_side_effects, name="side_effects"),

@@ -10,7 +10,8 @@ row of the step it is at (`run.next_step`):
 - running or queued with the lease run out: *stalled*; the reconciler
   re-enqueues it. Without any lease: *queued*, waiting for a worker to claim it
   (a new run, an approved one, or the next step of a run handed back to the queue).
-- waiting: *backoff* (until `wake_at`), *approval*, or *in doubt* (an operator decides).
+- waiting: *backoff* (until `wake_at`), *approval*, *crashed* or *in doubt* (an operator
+  decides).
 
 The worker is the lease owner without its last part: `host:pid:uuid8` is
 `host:pid`, one worker process. How long a step has waited is counted from the
@@ -68,6 +69,12 @@ STATES = (
         "in doubt",
         "In doubt",
         "a side effect may or may not have happened; an operator decides",
+    ),
+    State(
+        "crashed",
+        "crashed",
+        "Crashed: waiting for an operator",
+        "its step kept crashing (or its agent is unknown to the worker); an operator retries it",
     ),
     State(
         "stalled",
@@ -200,6 +207,7 @@ def _rules(now: datetime) -> list[_Rule]:
     return [
         _Rule(waiting & Q(wait_reason=WaitReason.BACKOFF), "backoff", updated),
         _Rule(waiting & Q(wait_reason=WaitReason.APPROVAL), "approval", updated),
+        _Rule(waiting & Q(wait_reason=WaitReason.CRASHED), "crashed", updated),
         # in_doubt, and any other parked run: only an operator moves it on.
         _Rule(waiting, "in_doubt", updated),
         _Rule(Q(lease_owner="") | Q(lease_expires_at__isnull=True), "queued", updated),

@@ -11,7 +11,16 @@ from typing import Any
 
 RUN_STATUSES = ["queued", "running", "waiting", "succeeded", "failed", "cancelled"]
 # agentrun.inflight.STATES, in its order.
-INFLIGHT_STATES = ["deciding", "acting", "backoff", "approval", "in_doubt", "stalled", "queued"]
+INFLIGHT_STATES = [
+    "deciding",
+    "acting",
+    "backoff",
+    "approval",
+    "crashed",
+    "in_doubt",
+    "stalled",
+    "queued",
+]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -191,7 +200,7 @@ SCHEMAS: dict[str, Any] = {
             "agent": {"type": "string"},
             "agent_version": {"type": "string"},
             "status": {"enum": RUN_STATUSES},
-            "wait_reason": {"enum": ["", "approval", "in_doubt", "backoff"]},
+            "wait_reason": {"enum": ["", "approval", "in_doubt", "backoff", "crashed"]},
             "phase": {"type": "string"},
             "parent_id": {"type": ["string", "null"], "format": "uuid"},
             "forked_from": {
@@ -497,6 +506,18 @@ PATHS: dict[str, Any] = {
             "requestBody": {**_body("Cancel"), "required": False},
             "responses": {
                 "200": _json(_ref("RunDetail"), "The cancelled run."),
+                **_errors(400, 401, 403, 404, 409, 413),
+            },
+        }
+    },
+    "/api/runs/{run_id}/retry": {
+        "post": {
+            "operationId": "retryStep",
+            "summary": "Try again the step of a run waiting after it kept crashing (operators)",
+            "parameters": [RUN_ID],
+            "requestBody": {**_body("Cancel"), "required": False},
+            "responses": {
+                "200": _json(_ref("RunDetail"), "The run, queued again."),
                 **_errors(400, 401, 403, 404, 409, 413),
             },
         }

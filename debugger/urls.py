@@ -23,6 +23,7 @@ urlpatterns = [
     path("runs/<uuid:run_id>/", views.run_detail, name="run-detail"),
     path("runs/<uuid:run_id>/live/", views.run_live, name="run-live"),
     path("runs/<uuid:run_id>/cancel/", views.cancel_run, name="run-cancel"),
+    path("runs/<uuid:run_id>/retry/", views.retry_step, name="run-retry"),
     path("runs/<uuid:run_id>/approval/", views.decide, name="run-approval"),
     path("runs/<uuid:run_id>/compare/", views.compare_runs, name="run-compare"),
     path("runs/<uuid:run_id>/steps/<int:number>/", views.run_detail, name="run-step"),

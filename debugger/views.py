@@ -227,6 +227,22 @@ def cancel_run(request: HttpRequest, run_id: Any) -> HttpResponse:
 
 @role_required
 @require_POST
+def retry_step(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = get_run_for(request, run_id, "operate")
+    form = CancelForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Not retried: the reason is not valid text.")
+        return _back(request, run)
+    try:
+        services.retry_crashed_step(run, user=request.user, reason=form.cleaned_data["reason"])
+        messages.success(request, "The step will be tried again.")
+    except services.ActionError as exc:
+        messages.error(request, f"Not retried: {exc}")
+    return _back(request, run)
+
+
+@role_required
+@require_POST
 def decide(request: HttpRequest, run_id: Any) -> HttpResponse:
     run = get_run_for(request, run_id, "operate")
     form = ApprovalForm(request.POST)

@@ -103,10 +103,13 @@ def make_in_flight(
         Run(
             agent="scripted",
             input={"goal": f"{state} {i}"},
-            status={"backoff": "waiting", "approval": "waiting", "in_doubt": "waiting"}.get(
-                state, "queued" if state == "queued" else "running"
-            ),
-            wait_reason=state if state in ("backoff", "approval", "in_doubt") else "",
+            status={
+                "backoff": "waiting",
+                "approval": "waiting",
+                "in_doubt": "waiting",
+                "crashed": "waiting",
+            }.get(state, "queued" if state == "queued" else "running"),
+            wait_reason=state if state in ("backoff", "approval", "in_doubt", "crashed") else "",
             next_step=1 if state == "queued" else step,
             lease_owner=f"{worker}:{uuid.uuid4().hex[:8]}" if leased else "",
             # A live worker's lease stays ahead however long the test takes.

@@ -29,6 +29,7 @@ def test_it_answers_counts_the_worker_matrix_and_the_longest_waits_per_state(cli
         "acting": 1,
         "backoff": 1,
         "approval": 0,
+        "crashed": 0,
         "in_doubt": 0,
         "stalled": 0,
         "queued": 7,
@@ -47,6 +48,7 @@ def test_it_answers_counts_the_worker_matrix_and_the_longest_waits_per_state(cli
         "backoff",
         "approval",
         "in_doubt",
+        "crashed",
         "stalled",
         "queued",
     ]

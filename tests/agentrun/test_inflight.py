@@ -126,7 +126,7 @@ def test_every_state_is_counted_overall_and_per_worker():
     make_in_flight("acting", 2, worker="w-a:1")
     make_in_flight("acting", 4, worker="w-b:2")
     make_in_flight("stalled", 1, worker="w-b:2")
-    for state in ("backoff", "approval", "in_doubt", "queued"):
+    for state in ("backoff", "approval", "crashed", "in_doubt", "queued"):
         make_in_flight(state, 2)
 
     snap = inflight.snapshot()
@@ -135,16 +135,17 @@ def test_every_state_is_counted_overall_and_per_worker():
         "acting": 6,
         "backoff": 2,
         "approval": 2,
+        "crashed": 2,
         "in_doubt": 2,
         "stalled": 1,
         "queued": 2,
     }
     assert snap.counts == expected == inflight.counts()
-    assert snap.total == 18 and snap.in_flight == 16
+    assert snap.total == 20 and snap.in_flight == 18
     assert [(w.worker, w.counts) for w in snap.workers] == [
         ("w-a:1", {"deciding": 3, "acting": 2}),
         ("w-b:2", {"acting": 4, "stalled": 1}),
-        ("", {"backoff": 2, "approval": 2, "in_doubt": 2, "queued": 2}),
+        ("", {"backoff": 2, "approval": 2, "crashed": 2, "in_doubt": 2, "queued": 2}),
     ]
 
 

@@ -81,9 +81,9 @@ def test_the_matrix_counts_runs_per_worker_and_state(client_for):
         )
     }
     zero = '<span class="zero">'
-    assert rows["w-a:1"] == ["2", "3", zero, zero, zero, zero, zero, "5"]
-    assert rows["w-b:2"] == [zero, "1", zero, zero, zero, zero, zero, "1"]
-    assert rows["nobody (parked or queued)"] == [zero, zero, zero, "1", zero, zero, zero, "1"]
+    assert rows["w-a:1"] == ["2", "3", zero, zero, zero, zero, zero, zero, "5"]
+    assert rows["w-b:2"] == [zero, "1", zero, zero, zero, zero, zero, zero, "1"]
+    assert rows["nobody (parked or queued)"] == [zero, zero, zero, "1", zero, zero, zero, zero, "1"]
     assert 'href="?worker=w-a%3A1&amp;state=acting"' in matrix
 
 
