@@ -54,8 +54,10 @@ def database_from_url(url: str) -> dict:
     pool_max = env_int("DB_POOL_MAX_SIZE", 10)
     if pool_max > 0:
         options["pool"] = {
-            "min_size": min(env_int("DB_POOL_MIN_SIZE", 1), pool_max),
-            "max_size": pool_max,
+            "min_size": min(env_int("DB_POOL_MIN_SIZE", 1), max(pool_max - 1, 1)),
+            # One of the process's connections is its lease watchdog's own, so that
+            # leases are renewed even when steps hold every pooled connection.
+            "max_size": max(pool_max - 1, 1),
             # How long a thread waits for a free connection before its step fails
             # (the step is then retried from its pre snapshot).
             "timeout": env_float("DB_POOL_TIMEOUT", 30.0),

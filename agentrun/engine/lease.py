@@ -15,7 +15,7 @@ from functools import cache
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from agentrun import rawsql
@@ -169,13 +169,42 @@ def _renew(steps: list[Claimed]) -> None:
     for i in range(0, len(steps), 500):
         batch = steps[i : i + 500]
         owners = {ctx.owner for ctx in batch}
-        n = Run.objects.filter(lease_owner__in=owners, status=RunStatus.RUNNING).update(
-            lease_expires_at=expiry
-        )
+        if getattr(connection, "pool", None) is not None:
+            n = _renew_on_own_connection(owners, expiry)
+        else:
+            n = Run.objects.filter(lease_owner__in=owners, status=RunStatus.RUNNING).update(
+                lease_expires_at=expiry
+            )
         if n < len(owners):
             log.warning(
                 "lease renewal: %d of %d steps have lost their lease", len(owners) - n, len(owners)
             )
+
+
+# The watchdog's own connection, outside the pool: steps and their tools may hold every
+# pooled connection (a tool that used the ORM keeps its thread's one while it waits on
+# something else), and leases must not wait behind them. Used by the watchdog thread only.
+_OWN: list[Any] = []
+
+
+def _renew_on_own_connection(owners: set[str], expiry: Any) -> int:
+    import psycopg
+
+    try:
+        if not _OWN or _OWN[0].closed:
+            params = connection.get_connection_params()  # the pool's, without the pool
+            params.pop("cursor_factory", None)
+            _OWN[:] = [psycopg.connect(**params, autocommit=True)]
+        cursor = _OWN[0].execute(
+            f"UPDATE {rawsql.table(Run)} SET lease_expires_at = %s"
+            " WHERE lease_owner = ANY(%s) AND status = 'running'",
+            [expiry, list(owners)],
+        )
+        return cursor.rowcount
+    except psycopg.Error:
+        if _OWN:
+            _OWN.pop().close()  # a new one at the next beat (e.g. after a database restart)
+        raise
 
 
 WATCHDOG = _LeaseWatchdog()

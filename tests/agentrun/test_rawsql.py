@@ -106,10 +106,10 @@ def test_each_process_gets_a_bounded_connection_pool_unless_it_is_turned_off(mon
 
     url = "postgres://u:p@db:5432/agentrun"
     db = database_from_url(url)
-    assert db["OPTIONS"]["pool"]["max_size"] == 10
+    assert db["OPTIONS"]["pool"]["max_size"] == 9  # and the lease watchdog's own connection
     assert db["CONN_MAX_AGE"] == 0  # pooled connections go back to the pool
     monkeypatch.setenv("DB_POOL_MAX_SIZE", "25")
-    assert database_from_url(url)["OPTIONS"]["pool"]["max_size"] == 25
+    assert database_from_url(url)["OPTIONS"]["pool"]["max_size"] == 24
     monkeypatch.setenv("DB_POOL_MAX_SIZE", "0")
     monkeypatch.setenv("DB_CONN_MAX_AGE", "30")
     db = database_from_url(url)
