@@ -69,9 +69,11 @@ def statuses(runs: list[Run]) -> Counter[str]:
     return Counter(Run.objects.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True))
 
 
-def requests_per_turn(fake: FakeOpenAI, since: float = 0.0) -> Counter[tuple[str, int]]:
-    """How many chat requests the fake got for each (conversation, turn)."""
-    return Counter((goal_of(r), turn_of(r)) for r in fake.chat_requests() if r.at >= since)
+def requests_per_turn(
+    fake: FakeOpenAI, since: float = 0.0, until: float = float("inf")
+) -> Counter[tuple[str, int]]:
+    """How many chat requests the fake got for each (conversation, turn), in a time window."""
+    return Counter((goal_of(r), turn_of(r)) for r in fake.chat_requests() if since <= r.at < until)
 
 
 def decided_turns(runs: list[Run]) -> set[tuple[str, int]]:
