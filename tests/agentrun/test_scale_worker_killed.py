@@ -52,7 +52,7 @@ def pay_slow_ack(ctx: ToolContext, account: str, amount: float) -> dict:
     result = ledger_write(ctx, {"account": account, "amount": amount})
     # Back to the pool before the wait: a tool thread's connection stays checked out
     # until it is closed, and a hundred tools each holding one for a second would
-    # starve the steps (and the lease watchdog) of the pool's ten.
+    # starve the steps and the lease watchdog (test_scale_tool_holding_a_connection).
     connection.close()
     time.sleep(1.0)
     return result
