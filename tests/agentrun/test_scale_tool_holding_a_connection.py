@@ -32,7 +32,7 @@ pytestmark = [
 ]
 
 POOL = 2  # connections per worker process, and tools waiting at once
-WAIT = 15.0  # seconds each tool waits: five leases, and time for a second worker to start
+WAIT = 20.0  # seconds each tool waits: several leases, and time for a second worker to start
 
 
 # The worker loads this module (AGENTRUN_AGENT_MODULES).
