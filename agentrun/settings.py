@@ -211,9 +211,11 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     )
 # Steps wait on models and tools far longer than they compute: one worker process
 # runs many at once in threads (Celery's threads pool), each handing its database
-# connection back to the pool while it waits. SQLite has one writer: a few threads.
+# connection back to the pool while it waits. SQLite has one writer: a few threads
+# (whether it is the embedded default or named by a sqlite:/// DATABASE_URL).
 CELERY_WORKER_POOL = env("AGENTRUN_WORKER_POOL", "threads")
-AGENTRUN_WORKER_CONCURRENCY = env_int("AGENTRUN_WORKER_CONCURRENCY", 8 if EMBEDDED else 500)
+_SQLITE = DATABASES["default"]["ENGINE"].endswith("sqlite3")
+AGENTRUN_WORKER_CONCURRENCY = env_int("AGENTRUN_WORKER_CONCURRENCY", 8 if _SQLITE else 500)
 CELERY_WORKER_CONCURRENCY = AGENTRUN_WORKER_CONCURRENCY
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -10,9 +10,15 @@
 
 `POST /v1/chat/completions` answers with the next scripted reply (a completion
 dict, a `Reply`, or a callable taking the `Recorded` request and returning
-either). Every request is recorded, headers included. With nothing scripted
-it answers 418, so a test that makes an unexpected request fails loudly
-without looking like a provider error the agent would retry.
+either). Every request is recorded, headers and arrival time included. With
+nothing scripted it answers 418, so a test that makes an unexpected request
+fails loudly without looking like a provider error the agent would retry.
+
+For load tests, `FakeOpenAI(respond=callable)` answers every request the script
+doesn't with that callable (called from many server threads at once: it must be
+thread-safe), and `peak_in_flight` says how many requests it was answering at
+the same time at most (a request is in flight from its arrival to the end of
+its reply, `Reply.delay` included).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class Recorded:
     path: str
     headers: dict[str, str]  # names lower-cased
     body: bytes
+    at: float = 0.0  # time.monotonic() at arrival
 
     @property
     def json(self) -> Any:
@@ -108,13 +115,23 @@ def error(status: int, message: str, type: str = "server_error") -> Reply:
     return Reply(status, {"error": {"message": message, "type": type, "param": None, "code": None}})
 
 
+class _Server(ThreadingHTTPServer):
+    # Hundreds of clients may connect at once: the default listen backlog (5) would
+    # drop their connection attempts, which the client retries only a second later.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 class FakeOpenAI:
     """The server; use as a context manager or call start()/stop()."""
 
-    def __init__(self) -> None:
+    def __init__(self, respond: Callable[[Recorded], dict[str, Any] | Reply] | None = None) -> None:
         self.requests: list[Recorded] = []
         self._queue: deque[Scripted] = deque()
+        self._respond = respond
         self._lock = threading.Lock()
+        self.in_flight = 0
+        self.peak_in_flight = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -152,8 +169,7 @@ class FakeOpenAI:
                 length = int(self.headers.get("Content-Length") or 0)
                 fake._handle(self, self.rfile.read(length))
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.05},  # stop() waits up to one poll
@@ -178,16 +194,29 @@ class FakeOpenAI:
     # ---- serving ----------------------------------------------------------
 
     def _handle(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            self._answer(handler, body)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
         path = handler.path.split("?", 1)[0]
         recorded = Recorded(
             method=handler.command,
             path=path,
             headers={k.lower(): v for k, v in handler.headers.items()},
             body=body,
+            at=time.monotonic(),
         )
         with self._lock:
             self.requests.append(recorded)
             scripted = self._queue.popleft() if path == CHAT_PATH and self._queue else None
+        if scripted is None and path == CHAT_PATH:
+            scripted = self._respond
         if path != CHAT_PATH or handler.command != "POST":
             reply = error(
                 404, f"fake_openai: no route {handler.command} {path}", "invalid_request_error"

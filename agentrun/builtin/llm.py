@@ -31,6 +31,7 @@ import datetime
 import email.utils
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -136,7 +137,8 @@ def retry_after_seconds(headers: Any) -> float | None:
     try:
         ms = headers.get("retry-after-ms")
         if ms:
-            return max(float(ms) / 1000, 0.0)
+            seconds = float(ms) / 1000  # float() accepts "nan" and "inf": neither is a wait
+            return max(seconds, 0.0) if math.isfinite(seconds) else None
         value = (headers.get("retry-after") or "").strip()
         if not value:
             return None

@@ -1,0 +1,149 @@
+"""A worker killed with a hundred steps in flight loses nothing and repeats nothing.
+
+Each run pays into a ledger twice, each payment decided by a slow model, then
+answers. The first payment is slow to acknowledge: it lands in the ledger, then
+takes a second to return. The worker is SIGKILLed while about half the runs have
+paid once: its steps in flight are waiting on the model, or on a payment that has
+landed but not returned. A new worker's reconciler finds the runs whose lease
+expired and finishes them: the model is asked again only for decisions that were
+not on record, and each ledger key has one entry.
+"""
+
+import signal
+import time
+from collections import Counter
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from agentrun.builtin.tools import ledger_write
+from agentrun.models import LedgerEntry, LedgerInvocation, ToolCall
+from agentrun.tools import ToolContext, tool
+from tests.agentrun.llm_load import (
+    all_finished,
+    decided_turns,
+    decision_counts,
+    explain,
+    goal_of,
+    llm_env,
+    on_postgres,
+    requests_per_turn,
+    spread,
+    start_runs,
+    statuses,
+    turn_of,
+)
+from tests.fake_openai import FakeOpenAI, Recorded, Reply, completion, tool_call
+from tests.workers import wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+# An embedded worker runs 8 steps at a time (SQLite has one writer): 16 runs keep it
+# full, half in flight and half queued, when it is killed.
+RUNS = 100 if on_postgres() else 16
+CAPACITY = min(RUNS, settings.AGENTRUN_WORKER_CONCURRENCY)  # steps in flight at once
+
+
+# The worker loads this module (AGENTRUN_AGENT_MODULES).
+@tool(kind="write", idempotent=True, parameters=ledger_write.parameters)
+def pay_slow_ack(ctx: ToolContext, account: str, amount: float) -> dict:
+    """ledger_write, then a second before it returns: a payment API slow to acknowledge."""
+    result = ledger_write(ctx, {"account": account, "amount": amount})
+    # Back to the pool before the wait: a tool thread's connection stays checked out
+    # until it is closed, and a hundred tools each holding one for a second would
+    # starve the steps and the lease watchdog (test_scale_tool_holding_a_connection).
+    connection.close()
+    time.sleep(1.0)
+    return result
+
+
+def paying_model(request: Recorded) -> Reply:
+    """Pay 10 slowly (decided after 0.2-2 s), pay 20 (decided after 2 s), then answer."""
+    account = goal_of(request).split(":")[0]
+    turn = turn_of(request)
+    if turn == 0:
+        pay = tool_call("pay_slow_ack", {"account": account, "amount": 10}, id="call_pay_10")
+        return Reply(200, completion(tool_calls=[pay]), delay=spread(request, 0.2, 2.0))
+    if turn == 1:
+        pay = tool_call("ledger_write", {"account": account, "amount": 20}, id="call_pay_20")
+        return Reply(200, completion(tool_calls=[pay]), delay=2.0)
+    return Reply(200, completion("paid 30"), delay=0.2)
+
+
+def test_killing_a_worker_with_a_hundred_steps_in_flight_loses_and_repeats_nothing(
+    start_worker,
+):
+    with FakeOpenAI(respond=paying_model) as fake:
+        runs = start_runs(RUNS, tools=["pay_slow_ack", "ledger_write"])
+        env = llm_env(fake, AGENTRUN_AGENT_MODULES=__name__)
+        doomed = start_worker(**env)
+
+        def mid_payment() -> int:
+            """Payments that landed in the ledger but have not returned to their step."""
+            returned = ToolCall.objects.filter(run__in=runs, status="ok")
+            landed = LedgerEntry.objects.filter(run__in=runs)
+            return landed.exclude(idempotency_key__in=returned.values("idempotency_key")).count()
+
+        # Kill it with its steps in flight: many waiting on the model, some on a payment.
+        wait_until(
+            lambda: (
+                LedgerEntry.objects.filter(run__in=runs).count() >= RUNS // 3
+                and fake.in_flight >= CAPACITY // 3
+                and mid_payment() >= CAPACITY // 8
+            ),
+            timeout=60,
+            interval=0.02,
+            what="steps in flight waiting on the model and on payments",
+        )
+        in_flight, paying = fake.in_flight, mid_payment()
+        doomed.signal(signal.SIGKILL)
+        doomed.proc.wait(timeout=10)
+        killed_at = time.monotonic()
+        time.sleep(0.2)  # the dead worker's last statements reach the database
+        on_record = decided_turns(runs)
+
+        replacement = start_worker(beat=True, **env)
+        try:
+            wait_until(all_finished(runs), timeout=120, interval=0.5, what="every run to finish")
+        except TimeoutError:
+            print(explain(runs, doomed, replacement))
+            raise
+
+        assert statuses(runs) == {"succeeded": RUNS}, explain(runs, doomed, replacement)
+        # Every decision was stored once, and the model was asked again only for the
+        # decisions that were not on record when the worker died.
+        assert decision_counts(runs) == {1: 3 * RUNS}
+        before = requests_per_turn(fake, until=killed_at)
+        after = requests_per_turn(fake, since=killed_at)
+        assert set(before.values()) == set(after.values()) == {1}
+        assert not set(after) & on_record
+        assert len(set(before) | set(after)) == 3 * RUNS
+        # The kill caught steps waiting on the model: their requests were lost.
+        assert len(set(before) & set(after)) >= in_flight // 2
+
+        print(
+            "DEBUG in_flight",
+            in_flight,
+            "paying",
+            paying,
+            "on_record",
+            len(on_record),
+            "reasked",
+            len(set(before) & set(after)),
+            "inv",
+            Counter(LedgerInvocation.objects.filter(run__in=runs).values_list("count", flat=True)),
+        )
+        # Each payment happened once per idempotency key.
+        calls = ToolCall.objects.filter(run__in=runs, status="ok")
+        keys = list(calls.values_list("idempotency_key", flat=True))
+        assert len(keys) == len(set(keys)) == 2 * RUNS
+        entries = LedgerEntry.objects.filter(run__in=runs)
+        assert sorted(entries.values_list("idempotency_key", flat=True)) == sorted(keys)
+        # A payment that landed but never returned was in doubt: being idempotent, it
+        # was made again under the same key, which the ledger honoured.
+        invocations = Counter(
+            LedgerInvocation.objects.filter(run__in=runs).values_list("count", flat=True)
+        )
+        assert set(invocations) <= {1, 2}
+        assert invocations[2] >= paying // 2, (invocations, paying)
