@@ -4,7 +4,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, worker_init
 from kombu.transport import TRANSPORT_ALIASES
 
 # "filesystem://" (the embedded default) gets the atomic-write variant.
@@ -29,3 +29,10 @@ def _close_old_connections(**_: Any) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+# The LLM client costs ~1.5 s to import: pay it when a worker starts, not in its first
+# hundred steps in flight, which would all wait on the import lock.
+@worker_init.connect
+def _import_the_llm_client(**_: Any) -> None:
+    import openai  # noqa: F401

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -129,7 +130,7 @@ def _decide_retry(ctx: Claimed, exc: AgentError) -> float | None:
     if not exc.transient:
         return None
     attempts = ctx.step.attempts
-    if exc.retry_after is not None:
+    if exc.retry_after is not None and math.isfinite(exc.retry_after):
         if attempts >= RATE_LIMITED_ATTEMPTS:
             return None
         return min(max(exc.retry_after, DECIDE_RETRY.delay(attempts)), MAX_RETRY_AFTER)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import traceback
 from datetime import timedelta
+from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from agentrun.engine.context import Claimed, Outcome, flush_pending, save_call
@@ -105,35 +106,47 @@ def note_crash(ctx: Claimed, exc: BaseException) -> None:
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
     }
     delay = crash_delay(crashes)
-    try:
-        with transaction.atomic():
-            guarded_update(
-                ctx,
-                status=RunStatus.WAITING,
-                wait_reason=WaitReason.BACKOFF,
-                wake_at=timezone.now() + timedelta(seconds=delay),
-                lease_owner="",
-                lease_expires_at=None,
-            )
-            Step.objects.filter(pk=ctx.step.pk).update(
-                status=StepStatus.WAITING,
-                crashes=crashes,
-                crash_log=[*ctx.step.crash_log, redact(entry)],
-            )
-            record_event(
-                "step_crashed",
-                run=ctx.run,
-                step=ctx.step.number,
-                payload={
-                    "crashes": crashes,
-                    "error": entry["message"],
-                    "type": entry["type"],
-                    "retry_in_s": delay,
-                },
-            )
-            enqueue(ctx.run.pk, ctx.step.number, countdown=delay)
-    except Exception:  # noqa: BLE001 -- the claim will count it
-        log.exception("could not record the crash of step %s of %s", ctx.step.number, ctx.run.pk)
+    for last_try in (False, True):
+        try:
+            _record_crash(ctx, crashes, entry, delay)
+            return
+        except Exception:  # noqa: BLE001 -- the claim will count it
+            if last_try:
+                log.exception(
+                    "could not record the crash of step %s of %s", ctx.step.number, ctx.run.pk
+                )
+            # A connection the database dropped (a restart) goes back to the pool, which
+            # discards it; the second try gets a live one.
+            connection.close()
+
+
+def _record_crash(ctx: Claimed, crashes: int, entry: dict[str, Any], delay: float) -> None:
+    with transaction.atomic():
+        guarded_update(
+            ctx,
+            status=RunStatus.WAITING,
+            wait_reason=WaitReason.BACKOFF,
+            wake_at=timezone.now() + timedelta(seconds=delay),
+            lease_owner="",
+            lease_expires_at=None,
+        )
+        Step.objects.filter(pk=ctx.step.pk).update(
+            status=StepStatus.WAITING,
+            crashes=crashes,
+            crash_log=[*ctx.step.crash_log, redact(entry)],
+        )
+        record_event(
+            "step_crashed",
+            run=ctx.run,
+            step=ctx.step.number,
+            payload={
+                "crashes": crashes,
+                "error": entry["message"],
+                "type": entry["type"],
+                "retry_in_s": delay,
+            },
+        )
+        enqueue(ctx.run.pk, ctx.step.number, countdown=delay)
 
 
 def park_crashed(ctx: Claimed) -> Outcome:

@@ -109,7 +109,7 @@ def test_a_retry_after_that_is_not_a_number_backs_off_as_usual(settings, monkeyp
         assert outcome.status == "backoff", outcome
         event = Event.objects.get(run=run, kind="retry_scheduled")
         assert "retry_after_s" not in event.payload
-        assert event.payload["backoff_s"] == engine.DECIDE_RETRY.delay(1)
+        assert event.payload["backoff_s"] == engine.decide.DECIDE_RETRY.delay(1)
         assert drive(run, through_backoff=True).status == "succeeded"
 
 
