@@ -37,10 +37,19 @@ class AgentError(Exception):
 
     transient = False
 
-    def __init__(self, message: str, *, transient: bool = False, detail: Any = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool = False,
+        detail: Any = None,
+        retry_after: float | None = None,
+    ):
         super().__init__(message)
         self.transient = transient
         self.detail = detail
+        #: Seconds the provider asked us to wait before trying again (HTTP Retry-After).
+        self.retry_after = retry_after
 
 
 @dataclass

@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 CLAIMABLE = (RunStatus.QUEUED, RunStatus.RUNNING)
 # A policy whose provider answered "try later" (429, 5xx, timeout) is asked again after this.
 DECIDE_RETRY = RetryPolicy(max_attempts=4, initial=1.0, maximum=30.0)
+# A provider that rate-limits with Retry-After is asked again up to this many times,
+# waiting at most this long each time.
+RATE_LIMITED_ATTEMPTS = 10
+MAX_RETRY_AFTER = 600.0
 SIDE_EFFECTS = ("write", "hybrid")
 
 
@@ -74,9 +78,11 @@ class Outcome:
 # --- the worker's cache of the latest state of each run ---------------------
 # Saves rebuilding a state from keyframe + deltas at every step. Validated by
 # the snapshot hash, so a stale entry is never used.
-_CACHE: OrderedDict[str, tuple[int, str, dict[str, Any], hashing.Node]] = OrderedDict()
+# Bounded by the states' bytes, not their number: a process with hundreds of runs in
+# flight keeps each one's state, and a few huge states can't take all the memory.
+_CACHE: OrderedDict[str, tuple[int, str, dict[str, Any], hashing.Node, int]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
-_CACHE_SIZE = 64
+_cache_bytes = 0
 
 
 def _cache_get(run_id: str, digest: str) -> tuple[dict[str, Any], hashing.Node] | None:
@@ -90,18 +96,22 @@ def _cache_get(run_id: str, digest: str) -> tuple[dict[str, Any], hashing.Node] 
 
 
 def _cache_put(
-    run_id: str, seq: int, digest: str, state: dict[str, Any], node: hashing.Node
+    run_id: str, seq: int, digest: str, state: dict[str, Any], node: hashing.Node, size: int
 ) -> None:
+    global _cache_bytes
+    budget = settings.AGENTRUN_STATE_CACHE_MB * 1024 * 1024
     with _CACHE_LOCK:
-        _CACHE[run_id] = (seq, digest, state, node)
-        _CACHE.move_to_end(run_id)
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
+        old = _CACHE.pop(run_id, None)
+        _cache_bytes -= old[4] if old else 0
+        _CACHE[run_id] = (seq, digest, state, node, size)
+        _cache_bytes += size
+        while _cache_bytes > budget and len(_CACHE) > 1:
+            _cache_bytes -= _CACHE.popitem(last=False)[1][4]
 
 
 def remember_state(run_id: Any, snap: Snapshot, state: dict[str, Any], node: hashing.Node) -> None:
     """Seed this process's cache with a state just written (e.g. a fork's first one)."""
-    _cache_put(str(run_id), snap.seq, snap.hash, state, node)
+    _cache_put(str(run_id), snap.seq, snap.hash, state, node, snap.size)
 
 
 def new_lease_owner() -> str:
@@ -379,7 +389,7 @@ def _ensure_pre_snapshot(
         state, node = _state_of(str(run.pk), latest)
         snap = snapshots.reference(run.pk, number, "pre", latest)
     snap.save()
-    _cache_put(str(run.pk), snap.seq, snap.hash, state, node)
+    _cache_put(str(run.pk), snap.seq, snap.hash, state, node, snap.size)
     return snap, state, node
 
 
@@ -390,7 +400,7 @@ def _state_of(run_id: str, snap: Snapshot) -> tuple[dict[str, Any], hashing.Node
         return cached
     state = snapshots.load_state(snap)
     node = hashing.build(state)
-    _cache_put(run_id, snap.seq, snap.hash, state, node)
+    _cache_put(run_id, snap.seq, snap.hash, state, node, snap.size)
     return state, node
 
 
@@ -446,11 +456,16 @@ def _decide(ctx: _Ctx) -> Decision | Outcome:
             return replayed
     started = time.perf_counter()
     try:
-        decision = ctx.agent.decide(ctx.pre_state, ctx.sctx)
+        # A model may take seconds to answer: the step holds no database connection
+        # meanwhile, and the process's one watchdog keeps its lease.
+        release_connection()
+        with _WATCHDOG.watching(ctx):
+            decision = ctx.agent.decide(ctx.pre_state, ctx.sctx)
         problem = _check_decision(ctx.agent, decision)
     except AgentError as exc:
-        if exc.transient and ctx.step.attempts < DECIDE_RETRY.max_attempts:
-            return _backoff(ctx, None, DECIDE_RETRY.delay(ctx.step.attempts), f"decide: {exc}")
+        retry = _decide_retry(ctx, exc)
+        if retry is not None:
+            return _backoff(ctx, None, retry, f"decide: {exc}", retry_after=exc.retry_after)
         return _fail(ctx, _failure(ctx, exc, where="decide", detail=exc.detail))
     except Exception as exc:
         return _fail(ctx, _failure(ctx, exc, where="decide"))
@@ -505,6 +520,37 @@ def _decide(ctx: _Ctx) -> Decision | Outcome:
     ctx.read_hits = {tc.index: v for tc, v in zip(cacheable, ids[len(early) :], strict=True)}
     # Work on exactly what was stored, as a retry would.
     return Decision.from_dict(sorted_keys(stored))
+
+
+def _decide_retry(ctx: _Ctx, exc: AgentError) -> float | None:
+    """Seconds until a transient policy failure is tried again, or None: it failed for good.
+
+    A provider that says when to come back (429 with Retry-After) is believed, and
+    gets more attempts: being rate limited is the normal state of a busy deployment.
+    """
+    if not exc.transient:
+        return None
+    attempts = ctx.step.attempts
+    if exc.retry_after is not None:
+        if attempts >= RATE_LIMITED_ATTEMPTS:
+            return None
+        return min(max(exc.retry_after, DECIDE_RETRY.delay(attempts)), MAX_RETRY_AFTER)
+    return DECIDE_RETRY.delay(attempts) if attempts < DECIDE_RETRY.max_attempts else None
+
+
+def release_connection() -> None:
+    """Hand this thread's database connection back to the pool before a long wait.
+
+    With a pool (PostgreSQL, DB_POOL_MAX_SIZE > 0) a checkout costs ~30 µs, so a
+    step returns its connection before every call to a model or a tool and takes
+    one again for its next write: connections per process stay at the pool's size
+    however many steps are in flight. Without a pool (SQLite), or inside a
+    transaction, the connection stays.
+    """
+    if connection.connection is None or connection.in_atomic_block:
+        return
+    if getattr(connection, "pool", None) is not None:
+        connection.close()
 
 
 def _lease_guard(ctx: _Ctx, now: Any, **changes: Any) -> rawsql.Guarded:
@@ -903,7 +949,27 @@ def _save_side_effect_result(ctx: _Ctx, tc: ToolCall, t: Tool) -> None:
         raise
 
 
-_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agentrun-tool")
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _tool_pool() -> ThreadPoolExecutor:
+    """Threads for tool calls made off the main thread: as many as steps in flight
+    (started on demand), so a slow tool never queues behind another run's."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            size = max(settings.AGENTRUN_WORKER_CONCURRENCY, 4) + 4
+            _POOL = (os.getpid(), ThreadPoolExecutor(size, thread_name_prefix="agentrun-tool"))
+        return _POOL[1]
+
+
+class Abandoned(ToolError):
+    """A tool call past its timeout in a thread that can't be stopped: it may still
+    finish, so a side effect it was making is in doubt."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=True)
 
 
 def _in_pool(t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
@@ -920,22 +986,29 @@ def _in_pool(t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
 def _call_with_timeout(ctx: _Ctx, t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
     """Run the tool, keeping our lease while it works and stopping it at its timeout.
 
-    In a process's main thread (a Celery worker process, the in-process executor)
+    In a process's main thread (a prefork or solo worker, the in-process executor)
     the tool runs right here: SIGALRM at its deadline raises a transient ToolError
-    inside it, as Celery's soft time limit does, so a timed-out call is stopped, not
-    left running. Other threads have no signals: there it runs in a pool thread the
-    caller stops waiting for. Either way the lease watchdog renews the lease.
+    inside it, as Celery's soft time limit does, so a timed-out call is *stopped*.
+    Other threads (the default threads pool) have no signals and Python can't stop
+    a thread: there the tool runs in a pool thread that the step stops waiting for
+    at the deadline. That call is *abandoned* (it may still finish): a read is
+    retried, a side effect is in doubt unless its tool is idempotent. Either way the
+    step holds no database connection while the tool works, and the lease watchdog
+    renews its lease.
     """
+    release_connection()
     with _WATCHDOG.watching(ctx):
         if t.timeout <= 0:
             return t(tctx, args)
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
             return _with_alarm(t, tctx, args)
-        future = _POOL.submit(_in_pool, t, tctx, args)
+        future = _tool_pool().submit(_in_pool, t, tctx, args)
         try:
             return future.result(timeout=t.timeout)
         except FutureTimeout:
-            raise _timed_out(t) from None
+            raise Abandoned(
+                f"{t.name} timed out after {t.timeout:g}s and was abandoned (it may still finish)"
+            ) from None
 
 
 def _timed_out(t: Tool) -> ToolError:
@@ -956,7 +1029,8 @@ def _with_alarm(t: Tool, tctx: ToolContext, args: dict[str, Any]) -> Any:
 
 
 class _LeaseWatchdog:
-    """One thread per process that renews the leases of steps whose tool is running."""
+    """One thread per process that renews the leases of the steps waiting on a model
+    or a tool, all of them in one statement per beat, however many are in flight."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -978,6 +1052,10 @@ class _LeaseWatchdog:
             with self._lock:
                 self._steps.pop(key, None)
 
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._steps)
+
     def _run(self) -> None:
         while True:
             time.sleep(_beat() / 2)
@@ -986,29 +1064,42 @@ class _LeaseWatchdog:
                 due = [entry for entry in self._steps.values() if entry[1] <= now]
                 for entry in due:
                     entry[1] = now + _beat()
-            for ctx, _ in due:
-                try:
-                    close_old_connections()
-                    _heartbeat(ctx)
-                except Exception:  # logged; the step's next guarded write decides
-                    log.exception("lease renewal of step %s of %s", ctx.step.number, ctx.run.pk)
+            if not due:
+                continue
+            try:
+                _renew([ctx for ctx, _ in due])
+            except Exception:  # logged; each step's next guarded write decides
+                log.exception("lease renewal of %d steps", len(due))
+            finally:
+                close_old_connections()  # back to the pool between beats
 
 
 def _beat() -> float:
     return max(settings.AGENTRUN_LEASE_SECONDS / 3, 0.05)
 
 
+def _renew(steps: list[_Ctx]) -> None:
+    """Extend the leases of these steps, in batches of one UPDATE each.
+
+    A lease owner names one claim (host, pid and a random part), so the owner and
+    the running status are enough to find the step's run row: a run whose lease
+    was taken over or that was cancelled is left alone, and that step's next
+    guarded write stops it.
+    """
+    expiry = _lease_expiry()
+    for i in range(0, len(steps), 500):
+        batch = steps[i : i + 500]
+        owners = {ctx.owner for ctx in batch}
+        n = Run.objects.filter(lease_owner__in=owners, status=RunStatus.RUNNING).update(
+            lease_expires_at=expiry
+        )
+        if n < len(owners):
+            log.warning(
+                "lease renewal: %d of %d steps have lost their lease", len(owners) - n, len(owners)
+            )
+
+
 _WATCHDOG = _LeaseWatchdog()
-
-
-def _heartbeat(ctx: _Ctx) -> None:
-    """Keep the lease of a step whose tool takes long; a lost lease only logs here,
-    the step's next guarded write will stop it."""
-    n = Run.objects.filter(
-        pk=ctx.run.pk, next_step=ctx.step.number, lease_owner=ctx.owner, status=RunStatus.RUNNING
-    ).update(lease_expires_at=_lease_expiry())
-    if n != 1:
-        log.warning("step %s of %s: lease lost while a tool ran", ctx.step.number, ctx.run.pk)
 
 
 def _failed_attempt(ctx: _Ctx, call: Call, tc: ToolCall, t: Tool, error: BaseException) -> Outcome:
@@ -1019,6 +1110,13 @@ def _failed_attempt(ctx: _Ctx, call: Call, tc: ToolCall, t: Tool, error: BaseExc
     message = f"{type(error).__name__}: {error}"
     tc.attempts[-1]["error"] = message
     tc.error = message
+    if isinstance(error, Abandoned):
+        tc.attempts[-1].update(abandoned=True, ended=False)  # its end was never seen
+        if t.kind in SIDE_EFFECTS and not t.idempotent:
+            # It may still land: only an operator can say whether to retry it.
+            return _park(
+                ctx, tc, WaitReason.IN_DOUBT, ToolCallStatus.IN_DOUBT, "tool_call_in_doubt"
+            )
     if transient and attempt < t.retry.max_attempts:
         backoff = t.retry.delay(attempt)
         tc.attempts[-1]["backoff_s"] = backoff
@@ -1031,7 +1129,14 @@ def _failed_attempt(ctx: _Ctx, call: Call, tc: ToolCall, t: Tool, error: BaseExc
     return _fail(ctx, failure)
 
 
-def _backoff(ctx: _Ctx, tc: ToolCall | None, seconds: float, message: str) -> Outcome:
+def _backoff(
+    ctx: _Ctx,
+    tc: ToolCall | None,
+    seconds: float,
+    message: str,
+    *,
+    retry_after: float | None = None,
+) -> Outcome:
     """Park the run until `seconds` from now; the step is retried then (same decision)."""
     wake = timezone.now() + timedelta(seconds=seconds)
     with transaction.atomic():
@@ -1049,6 +1154,8 @@ def _backoff(ctx: _Ctx, tc: ToolCall | None, seconds: float, message: str) -> Ou
             payload = {"tool": tc.tool, "key": tc.idempotency_key, "attempt": len(tc.attempts)}
         else:
             payload = {"attempt": ctx.step.attempts}
+        if retry_after is not None:
+            payload["retry_after_s"] = retry_after
         record_event(
             "retry_scheduled",
             run=ctx.run,
@@ -1067,7 +1174,7 @@ def _park(ctx: _Ctx, tc: ToolCall, reason: str, tc_status: str, event: str) -> O
         )
         _flush_pending(ctx)
         tc.status = tc_status
-        _save_call(tc, ["status"])
+        _save_call(tc, ["status", "error", "attempts"])
         Step.objects.filter(pk=ctx.step.pk).update(status=StepStatus.WAITING)
         record_event(
             event,
@@ -1238,7 +1345,7 @@ def _write_post(
         ctx.next = _chained(ctx, next_step, next_pre, post_state, node, run_changes)
     elif not terminal:
         enqueue(ctx.run.pk, number + 1)
-    _cache_put(str(ctx.run.pk), snap.seq, snap.hash, post_state, node)
+    _cache_put(str(ctx.run.pk), snap.seq, snap.hash, post_state, node, snap.size)
     status = "failed" if failure else ("finished" if terminal else "committed")
     return Outcome(status, str(ctx.run.pk), number)
 

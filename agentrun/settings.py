@@ -47,6 +47,19 @@ def database_from_url(url: str) -> dict:
     # statements, add ?prepare_threshold=none to the URL.
     threshold = options.pop("prepare_threshold", "5")
     options["prepare_threshold"] = None if threshold.lower() in ("", "none") else int(threshold)
+    # A bounded pool per process (web or worker): a step hands its connection back
+    # while it waits on a model or a tool, so DB_POOL_MAX_SIZE connections serve every
+    # step in flight in the process. DB_POOL_MAX_SIZE=0: a connection per thread, kept
+    # for DB_CONN_MAX_AGE seconds (Django's own persistent connections).
+    pool_max = env_int("DB_POOL_MAX_SIZE", 10)
+    if pool_max > 0:
+        options["pool"] = {
+            "min_size": min(env_int("DB_POOL_MIN_SIZE", 1), pool_max),
+            "max_size": pool_max,
+            # How long a thread waits for a free connection before its step fails
+            # (the step is then retried from its pre snapshot).
+            "timeout": env_float("DB_POOL_TIMEOUT", 30.0),
+        }
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")),
@@ -55,7 +68,8 @@ def database_from_url(url: str) -> dict:
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
         "OPTIONS": options,
-        "CONN_MAX_AGE": env_int("DB_CONN_MAX_AGE", 60),
+        # Pooled connections go back to the pool instead (Django refuses both at once).
+        "CONN_MAX_AGE": 0 if pool_max > 0 else env_int("DB_CONN_MAX_AGE", 60),
     }
 
 
@@ -172,6 +186,12 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # kombu polls a folder; its default of 1 s would make every step wait.
         polling_interval=0.05,
     )
+# Steps wait on models and tools far longer than they compute: one worker process
+# runs many at once in threads (Celery's threads pool), each handing its database
+# connection back to the pool while it waits. SQLite has one writer: a few threads.
+CELERY_WORKER_POOL = env("AGENTRUN_WORKER_POOL", "threads")
+AGENTRUN_WORKER_CONCURRENCY = env_int("AGENTRUN_WORKER_CONCURRENCY", 8 if EMBEDDED else 500)
+CELERY_WORKER_CONCURRENCY = AGENTRUN_WORKER_CONCURRENCY
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -213,6 +233,11 @@ AGENTRUN_CHAIN_SECONDS = env_float("AGENTRUN_CHAIN_SECONDS", 0.5)
 AGENTRUN_LLM_BASE_URL = env("AGENTRUN_LLM_BASE_URL", "https://api.openai.com/v1")
 AGENTRUN_LLM_MODEL = env("AGENTRUN_LLM_MODEL", "gpt-4o-mini")
 AGENTRUN_LLM_TIMEOUT = env_float("AGENTRUN_LLM_TIMEOUT", 60.0)
+# Requests in flight to the provider per process: more steps than this wait their turn
+# (holding no database connection) instead of stampeding the provider.
+AGENTRUN_LLM_MAX_CONCURRENCY = env_int("AGENTRUN_LLM_MAX_CONCURRENCY", 500)
+# Each worker process keeps the latest state of the runs it works on, up to this size.
+AGENTRUN_STATE_CACHE_MB = env_int("AGENTRUN_STATE_CACHE_MB", 256)
 
 LOGGING = {
     "version": 1,

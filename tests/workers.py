@@ -49,11 +49,23 @@ def worker_env(**extra: str) -> dict[str, str]:
 
 
 class Worker:
-    """One worker process (prefork pool) with an optional embedded beat."""
+    """One worker process with an optional embedded beat.
+
+    Started as users start it: the pool and concurrency come from the Celery
+    configuration (threads) unless `pool` / `concurrency` say otherwise.
+    """
 
     count = 0
 
-    def __init__(self, tmp_path: Path, *, concurrency: int = 1, beat: bool = False, **env: str):
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        concurrency: int | None = None,
+        pool: str | None = None,
+        beat: bool = False,
+        **env: str,
+    ):
         Worker.count += 1
         self.name = f"w{Worker.count}"
         self.log_path = tmp_path / f"{self.name}.log"
@@ -64,10 +76,8 @@ class Worker:
             "-A",
             "agentrun",
             "worker",
-            "-P",
-            "prefork",
-            "-c",
-            str(concurrency),
+            *(["-P", pool] if pool else []),
+            *(["-c", str(concurrency)] if concurrency else []),
             "-l",
             "info",
             "-n",

@@ -27,6 +27,8 @@ errors with `transient=True`, every other error with `transient=False`;
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import json
 import logging
 import os
@@ -113,6 +115,39 @@ def _http_client() -> Any:
         if _HTTP is None or _HTTP[0] != os.getpid() or _HTTP[1].is_closed:
             _HTTP = (os.getpid(), openai.DefaultHttpxClient())
         return _HTTP[1]
+
+
+_SLOTS: tuple[int, int, threading.BoundedSemaphore] | None = None
+
+
+def _request_slots() -> threading.BoundedSemaphore:
+    """The process's cap on requests in flight (AGENTRUN_LLM_MAX_CONCURRENCY)."""
+    global _SLOTS
+    size = max(int(settings.AGENTRUN_LLM_MAX_CONCURRENCY), 1)
+    with _HTTP_LOCK:
+        if _SLOTS is None or _SLOTS[0] != os.getpid() or _SLOTS[1] != size:
+            _SLOTS = (os.getpid(), size, threading.BoundedSemaphore(size))
+        return _SLOTS[2]
+
+
+def retry_after_seconds(headers: Any) -> float | None:
+    """How long a provider asked us to wait: `retry-after-ms`, else `Retry-After`
+    in seconds or as an HTTP date. None when it said nothing usable."""
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms:
+            return max(float(ms) / 1000, 0.0)
+        value = (headers.get("retry-after") or "").strip()
+        if not value:
+            return None
+        if value.replace(".", "", 1).isdigit():
+            return float(value)
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return max((when - datetime.datetime.now(datetime.UTC)).total_seconds(), 0.0)
 
 
 def _json_type(value: Any) -> str:
@@ -277,22 +312,25 @@ class LLMAgent(StateAgent):
             kwargs["tools"] = tools
         import openai
 
-        started = time.perf_counter()
-        try:
-            # A client per call holds the key only for this call; the connection
-            # pool underneath is shared and holds no credentials.
-            client = openai.OpenAI(
-                api_key=key,
-                base_url=base_url,
-                timeout=timeout,
-                max_retries=0,
-                http_client=_http_client(),
-            )
-            raw = client.chat.completions.with_raw_response.create(**kwargs)
-            body_text = raw.text
-        except openai.OpenAIError as exc:
-            raise _provider_error(exc, key=key, timeout=timeout, where=where) from None
+        queued = time.perf_counter()
+        with _request_slots():
+            started = time.perf_counter()
+            try:
+                # A client per call holds the key only for this call; the connection
+                # pool underneath is shared and holds no credentials.
+                client = openai.OpenAI(
+                    api_key=key,
+                    base_url=base_url,
+                    timeout=timeout,
+                    max_retries=0,
+                    http_client=_http_client(),
+                )
+                raw = client.chat.completions.with_raw_response.create(**kwargs)
+                body_text = raw.text
+            except openai.OpenAIError as exc:
+                raise _provider_error(exc, key=key, timeout=timeout, where=where) from None
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
+        queued_ms = round((started - queued) * 1000, 3)
 
         try:
             response = json.loads(body_text)
@@ -321,6 +359,8 @@ class LLMAgent(StateAgent):
             "tokens_out": tokens_out if isinstance(tokens_out, int) else 0,
             "latency_ms": latency_ms,
         }
+        if queued_ms >= 1:  # waited for one of the process's request slots
+            llm["queued_ms"] = queued_ms
         if not (isinstance(tokens_in, int) and isinstance(tokens_out, int)):
             # No usage from the provider: record the local estimate and say so.
             llm["tokens_in"] = sum(message_tokens(m) for m in messages)
@@ -465,6 +505,7 @@ def _provider_error(
 
     model, base = where["model"], where["base_url"]
     detail: dict[str, Any] = {**where, "provider_error": type(exc).__name__}
+    wait: float | None = None
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         try:
@@ -476,6 +517,8 @@ def _provider_error(
         retry_after = exc.response.headers.get("retry-after")
         if retry_after:
             detail["retry_after"] = retry_after
+        if transient:
+            wait = retry_after_seconds(exc.response.headers)
         said = _short(_body_message(exc.body, text), 300)
         message = f"LLM provider error: HTTP {status} from {base} ({model})" + (
             f": {said}" if said else ""
@@ -494,4 +537,6 @@ def _provider_error(
         transient = False
         message = f"LLM provider error ({base}, {model}): {type(exc).__name__}: {exc}"
     detail["transient"] = transient
-    return AgentError(_scrub(message, key), transient=transient, detail=_clean(detail, key))
+    return AgentError(
+        _scrub(message, key), transient=transient, detail=_clean(detail, key), retry_after=wait
+    )

@@ -35,7 +35,9 @@ def test_a_notify_call_left_in_doubt_waits_for_an_operator_instead_of_repeating(
             final("told"),
         )
     )
-    start_worker(beat=True)
+    worker = start_worker(beat=True)
+    assert worker.proc.wait(timeout=60) == 71  # the fault killed it after the send
+    start_worker(beat=True)  # as a supervisor would
     wait_until(_settled(run), timeout=60, what="the run to stop")
     assert (run.status, run.wait_reason) == ("waiting", "in_doubt")
     assert OutboxMessage.objects.filter(run=run).count() == 1

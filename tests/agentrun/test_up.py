@@ -19,9 +19,10 @@ from agentrun.management.commands import up
 
 
 def test_worker_command_runs_the_agentrun_app_with_beat_in_var():
-    cmd = up.worker_command(0, beat=True, concurrency=2, var_dir=Path("/v"), python="py")
+    cmd = up.worker_command(0, beat=True, var_dir=Path("/v"), python="py")
     assert cmd[:6] == ["py", "-m", "celery", "-A", "agentrun", "worker"]
-    assert cmd[cmd.index("--concurrency") + 1] == "2"
+    # The pool and its concurrency come from the Celery configuration, as for users.
+    assert not {"--concurrency", "-c", "--pool", "-P"} & set(cmd)
     assert "-B" in cmd
     assert cmd[cmd.index("--schedule") + 1] == "/v/celerybeat-schedule"
 

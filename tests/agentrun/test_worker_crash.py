@@ -70,20 +70,18 @@ def test_a_fault_point_kills_the_worker_and_the_run_completes(start_worker, faul
         )
     )
     worker = start_worker(beat=True)
+    # The fault kills the worker process (every step in flight in it); a supervisor
+    # (systemd, Kubernetes) would start it again.
+    assert worker.proc.wait(timeout=40) == (70 if fault == "crash_before" else 71)
+    replacement = start_worker(beat=True)
     try:
         wait_until(_finished(run), timeout=40, what="the run to finish")
     except TimeoutError:
-        print(worker.text()[-6000:])
+        print(replacement.text()[-6000:])
         print(Run.objects.filter(pk=run.pk).values().first())
         print(list(ToolCall.objects.filter(run=run).values("tool", "status", "attempts")))
         raise
     assert run.status == "succeeded", run.error
-    # The pool process really died and was replaced.
-    assert (
-        "exited with 'exitcode 7" in worker.text()
-        or "signal" in worker.text()
-        or "WorkerLostError" in worker.text()
-    )
     _assert_exactly_once(run)
     key = ToolCall.objects.get(run=run, tool="ledger_write").idempotency_key
     invocations = LedgerInvocation.objects.get(idempotency_key=key).count

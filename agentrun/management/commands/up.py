@@ -40,8 +40,10 @@ COLD_SECONDS = 5.0
 
 
 def worker_command(
-    index: int, *, beat: bool, concurrency: int, var_dir: Path, python: str = sys.executable
+    index: int, *, beat: bool, var_dir: Path, python: str = sys.executable
 ) -> list[str]:
+    # No pool or concurrency flags: the Celery configuration has them (threads,
+    # AGENTRUN_WORKER_CONCURRENCY), as for a plain `celery -A agentrun worker`.
     cmd = [
         python,
         "-m",
@@ -51,8 +53,6 @@ def worker_command(
         "worker",
         "--loglevel",
         "INFO",
-        "--concurrency",
-        str(concurrency),
         "--hostname",
         f"up{index + 1}@%h",
         # One machine, no cluster: skip the startup sync and the gossip chatter.
@@ -93,7 +93,7 @@ def child_commands(
     out = [
         (
             f"celery worker {i + 1}" + (" (+beat)" if i == 0 else ""),
-            worker_command(i, beat=i == 0, concurrency=2, var_dir=var_dir, python=python),
+            worker_command(i, beat=i == 0, var_dir=var_dir, python=python),
         )
         for i in range(workers)
     ]
@@ -300,7 +300,8 @@ class Command(BaseCommand):
             "--workers",
             type=int,
             default=1,
-            help="Celery worker processes (concurrency 2 each; the first runs beat)",
+            help="Celery worker processes (AGENTRUN_WORKER_CONCURRENCY steps in flight each;"
+            " the first runs beat)",
         )
         parser.add_argument("--no-demo", action="store_true", help="don't run the demo command")
 
