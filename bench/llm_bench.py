@@ -413,10 +413,6 @@ def run_figures(t0: float) -> dict[str, Any]:
     latencies = list(
         Step.objects.exclude(llm_latency_ms=None).values_list("llm_latency_ms", flat=True)
     )
-    first_waits = [
-        s.timestamp() - t0
-        for s in Step.objects.filter(number=1).values_list("started_at", flat=True)
-    ]
     return {
         "statuses": statuses,
         "not_succeeded": sum(c for s, c in statuses.items() if s != "succeeded"),
@@ -425,7 +421,31 @@ def run_figures(t0: float) -> dict[str, Any]:
         "steps_per_s": committed / span if span else None,
         "retried_steps": Step.objects.filter(attempts__gt=1).count(),
         "llm_latency_ms": _quantiles(latencies),
-        "first_step_start_s": _quantiles(first_waits),
+        **step_breakdown(t0),
+    }
+
+
+def step_breakdown(t0: float) -> dict[str, Any]:
+    """Where a run's time goes: waiting for its first step, each step beyond its LLM
+    request, and the gaps between a run's steps (queue, hand-off)."""
+    from agentrun.models import Step
+
+    rows = Step.objects.filter(status="succeeded").order_by("run_id", "number")
+    first, overhead, gaps = [], [], []
+    prev: tuple[Any, Any] = (None, None)
+    for run_id, number, started, finished, llm_ms in rows.values_list(
+        "run_id", "number", "started_at", "finished_at", "llm_latency_ms"
+    ):
+        if number == 1:
+            first.append(started.timestamp() - t0)
+        elif prev[0] == run_id:
+            gaps.append((started - prev[1]).total_seconds() * 1000)
+        overhead.append((finished - started).total_seconds() * 1000 - (llm_ms or 0))
+        prev = (run_id, finished)
+    return {
+        "first_step_start_s": _quantiles(first),
+        "step_minus_llm_ms": _quantiles(overhead),
+        "gap_between_steps_ms": _quantiles(gaps),
     }
 
 
@@ -519,6 +539,27 @@ def table(cases: list[dict[str, Any]], ideal_s: float, floor: float | None) -> l
     return rows
 
 
+def breakdown(cases: list[dict[str, Any]]) -> list[str]:
+    rows = [
+        "| case | runs created (s) | wake-ups sent (s) | first step started p50 / max (s) | "
+        "step minus its LLM request p50 / p99 (ms) | gap between a run's steps p50 / p99 (ms) | "
+        "retried steps | fake LLM CPU (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cases:
+        if "error" in c:
+            continue
+        first, own, gap = c["first_step_start_s"], c["step_minus_llm_ms"], c["gap_between_steps_ms"]
+        rows.append(
+            f"| {c['case']} | {c['create_s']:.1f} | {c['publish_s']:.1f} | "
+            f"{_fmt(first.get('p50'), '.2f')} / {_fmt(first.get('max'), '.2f')} | "
+            f"{_fmt(own.get('p50'))} / {_fmt(own.get('p99'))} | "
+            f"{_fmt(gap.get('p50'))} / {_fmt(gap.get('p99'))} | {c['retried_steps']} | "
+            f"{c['llm_server_cpu_s']:.1f} |"
+        )
+    return rows
+
+
 def verdicts(cases: list[dict[str, Any]], floor: float | None) -> list[str]:
     rows = ["| target | measured | verdict |", "|---|---|---|"]
 
@@ -585,6 +626,8 @@ def report(results: dict[str, Any]) -> str:
         f"pg_stat_activity rows with application_name = '{APP_NAME}' (busy: not idle), "
         "polled every 100 ms; RSS: sum of VmRSS over the workers' process groups, every 300 ms.",
         "",
+        *breakdown(cases),
+        "",
         *verdicts(cases, floor),
     ]
     for c in cases:
@@ -607,7 +650,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="K=V",
-        help="extra worker environment, e.g. CELERY_WORKER_POOL=prefork (repeatable)",
+        help="extra worker environment, e.g. AGENTRUN_WORKER_POOL=prefork (repeatable)",
     )
     p.add_argument("--floor-runs", type=int, default=200, help="scripted runs of the floor")
     p.add_argument("--floor-steps", type=int, default=10, help="echo steps per floor run")
