@@ -258,16 +258,23 @@ def group_cpu_s(pgids: set[int]) -> float:
 
 
 class Monitor(threading.Thread):
-    """Peak PostgreSQL connections of the workers (every 100 ms) and their RSS."""
+    """Every 100 ms the workers' PostgreSQL connections, every 300 ms their RSS, and
+    once a second a line of the case's timeline (also messages waiting in Redis and
+    requests in flight at the fake LLM)."""
 
-    def __init__(self, pgids: set[int], interval: float = 0.1, rss_every: int = 3):
+    def __init__(self, pgids: set[int], server: FakeLLMServer, interval: float = 0.1):
         super().__init__(name="llm-bench-monitor", daemon=True)
-        self.pgids, self.interval, self.rss_every = pgids, interval, rss_every
-        self.peak_pg = self.peak_pg_busy = self.peak_rss = self.samples = 0
-        self.rss_start = rss_bytes(group_pids(pgids))
+        self.pgids, self.server, self.interval = pgids, server, interval
+        self.peak_pg = self.peak_pg_busy = self.peak_rss = self.peak_queue = self.samples = 0
+        self.rss = self.rss_start = rss_bytes(group_pids(pgids))
+        self.timeline: list[dict[str, Any]] = []
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        import redis
+
+        broker = redis.Redis.from_url(env.BROKER_URL)
+        t0 = time.monotonic()
         with env.raw(autocommit=True) as conn:
             while not self._stop_event.wait(self.interval):
                 total, busy = conn.execute(
@@ -277,8 +284,22 @@ class Monitor(threading.Thread):
                 ).fetchone()
                 self.peak_pg = max(self.peak_pg, total)
                 self.peak_pg_busy = max(self.peak_pg_busy, busy)
-                if self.samples % self.rss_every == 0:
-                    self.peak_rss = max(self.peak_rss, rss_bytes(group_pids(self.pgids)))
+                if self.samples % 3 == 0:
+                    self.rss = rss_bytes(group_pids(self.pgids))
+                    self.peak_rss = max(self.peak_rss, self.rss)
+                if self.samples % 10 == 0:
+                    queue = broker.llen("celery")  # Celery's default queue
+                    self.peak_queue = max(self.peak_queue, queue)
+                    self.timeline.append(
+                        {
+                            "t": round(time.monotonic() - t0, 1),
+                            "pg": total,
+                            "pg_busy": busy,
+                            "queued_in_redis": queue,
+                            "llm_in_flight": self.server.stats()["in_flight"],
+                            "rss_mb": round(self.rss / MB),
+                        }
+                    )
                 self.samples += 1
 
     def finish(self) -> dict[str, Any]:
@@ -289,7 +310,9 @@ class Monitor(threading.Thread):
             "peak_pg_connections_busy": self.peak_pg_busy,
             "peak_rss_bytes": self.peak_rss,
             "rss_at_start_bytes": self.rss_start,
+            "peak_queued_in_redis": self.peak_queue,
             "monitor_samples": self.samples,
+            "timeline": self.timeline,
         }
 
 
@@ -323,6 +346,7 @@ def create_runs(agent: str, make_input: Callable[[], Any], n: int, deadline: flo
     from django.db import connection
 
     from agentrun import services
+    from agentrun.models import Run
 
     with connection.cursor() as cur:
         cur.execute("SET synchronous_commit TO off")
@@ -333,6 +357,9 @@ def create_runs(agent: str, make_input: Callable[[], Any], n: int, deadline: flo
             raise TimeoutError(f"only {len(ids)} of {n} runs created within the time budget")
     with connection.cursor() as cur:
         cur.execute("SET synchronous_commit TO on")
+    found = Run.objects.count()
+    if found != n:
+        raise RuntimeError(f"{found} runs in the database after creating {n}")
     return ids
 
 
@@ -378,7 +405,7 @@ def run_case(
     try:
         out["worker_processes"] = len(group_pids(workers.pgids))
         server.stats(reset=True)
-        monitor = Monitor(workers.pgids)
+        monitor = Monitor(workers.pgids, server)
         monitor.start()
         cpu0, server_cpu0 = group_cpu_s(workers.pgids), server.cpu_s()
         t0, out["publish_s"] = publish(ids)
@@ -390,14 +417,14 @@ def run_case(
         workers.mark()
     finally:
         workers.stop()
-    out.update(run_figures(t0))
+    out.update(run_figures(t0, n))
     out.update(log_figures(*workers.log_lines()))
     out["wall_s"] = time.monotonic() - started
     reset_state()
     return out
 
 
-def run_figures(t0: float) -> dict[str, Any]:
+def run_figures(t0: float, n: int) -> dict[str, Any]:
     """From the database: when the runs finished, steps committed, LLM latencies."""
     from django.db.models import Count, Max
 
@@ -415,7 +442,8 @@ def run_figures(t0: float) -> dict[str, Any]:
     )
     return {
         "statuses": statuses,
-        "not_succeeded": sum(c for s, c in statuses.items() if s != "succeeded"),
+        # Runs missing from the table count too (something else emptied it?).
+        "not_succeeded": n - statuses.get("succeeded", 0),
         "done_s": done_s,
         "steps": committed,
         "steps_per_s": committed / span if span else None,
@@ -506,6 +534,10 @@ def meta(args: argparse.Namespace, extra_env: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def _load(avg: Any) -> str:
+    return " / ".join(f"{x:.2f}" for x in avg)
+
+
 def _fmt(x: Any, spec: str = ".1f") -> str:
     return "–" if x is None else format(x, spec)
 
@@ -543,8 +575,8 @@ def breakdown(cases: list[dict[str, Any]]) -> list[str]:
     rows = [
         "| case | runs created (s) | wake-ups sent (s) | first step started p50 / max (s) | "
         "step minus its LLM request p50 / p99 (ms) | gap between a run's steps p50 / p99 (ms) | "
-        "retried steps | fake LLM CPU (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "retried steps | peak messages waiting in Redis | fake LLM CPU (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cases:
         if "error" in c:
@@ -555,7 +587,7 @@ def breakdown(cases: list[dict[str, Any]]) -> list[str]:
             f"{_fmt(first.get('p50'), '.2f')} / {_fmt(first.get('max'), '.2f')} | "
             f"{_fmt(own.get('p50'))} / {_fmt(own.get('p99'))} | "
             f"{_fmt(gap.get('p50'))} / {_fmt(gap.get('p99'))} | {c['retried_steps']} | "
-            f"{c['llm_server_cpu_s']:.1f} |"
+            f"{c['peak_queued_in_redis']:,} | {c['llm_server_cpu_s']:.1f} |"
         )
     return rows
 
@@ -612,7 +644,8 @@ def report(results: dict[str, Any]) -> str:
         f"## LLM-bound runs (bench/llm_bench.py, {m['started_at']})",
         "",
         f"- Code: {m['commit']} (runtime: {m['runtime_commit']}{', dirty' if m['dirty'] else ''}); "
-        f"{m['cores']} cores, load average at start {', '.join(f'{x:.2f}' for x in m['load_avg_start'])}.",
+        f"{m['cores']} cores, load average at start {_load(m['load_avg_start'])}, at end "
+        f"{_load(m['load_avg_end'])} (a shared machine: other processes take CPU too).",
         f"- Workers: {m['workers']} × `{m['worker_command']}`; extra environment: {extra}.",
         f"- Fake LLM: {m['latency_s']:g} s per request, 3 requests per `llm` run (echo, echo, "
         f"answer): ideal {ideal:g} s per run; 429 fraction {m['rate_limited']:g}.",
@@ -642,7 +675,7 @@ def report(results: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, nargs="+", default=[100], help="LLM runs per case")
+    p.add_argument("--runs", type=int, nargs="*", default=[100], help="LLM runs per case")
     p.add_argument("--latency", type=float, default=1.0, help="fake LLM seconds per request")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument(
