@@ -26,7 +26,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from agentrun import services, snapshots
+from agentrun import inflight, services, snapshots
 from agentrun.agents import InvalidInput
 from agentrun.models import (
     ApiToken,
@@ -584,6 +584,77 @@ def ledger(request: HttpRequest) -> HttpResponse:
             "invocations": {i.idempotency_key: i.count for i in invocations},
         }
     )
+
+
+@api_view("GET")
+def in_flight(request: HttpRequest) -> HttpResponse:
+    """What the Now page shows: every active run's current step, by state and worker."""
+    state = _text_param(request, "state")
+    if state and state not in inflight.BY_KEY:
+        raise ApiError(
+            400, f"unknown state {state!r} (known: {', '.join(inflight.BY_KEY)})", field="state"
+        )
+    worker = _text_param(request, "worker")
+    limit = _int_param(request, "limit", inflight.LIMIT, 1, inflight.MAX_LIMIT)
+    return JsonResponse(inflight_json(inflight.snapshot(worker=worker, state=state, limit=limit)))
+
+
+def inflight_json(snap: inflight.InFlight) -> dict[str, Any]:
+    return {
+        "now": snap.now,
+        "total": snap.total,
+        "in_flight": snap.in_flight,
+        "counts": snap.counts,
+        "workers": [
+            {
+                "worker": row.worker or None,
+                "counts": {s.key: n for s, n in row.cells},
+                "total": row.total,
+            }
+            for row in snap.workers
+        ],
+        "filter": {"state": snap.state, "worker": snap.worker, "limit": snap.limit},
+        "groups": [
+            {
+                "state": g.state.key,
+                "title": g.state.title,
+                "count": g.count,
+                "more": g.more,
+                "items": [_inflight_item(i) for i in g.items],
+            }
+            for g in snap.groups
+        ],
+    }
+
+
+def _inflight_item(item: inflight.Item) -> dict[str, Any]:
+    call = item.call
+    return {
+        "run_id": str(item.run_id),
+        "agent": item.agent,
+        "state": item.state,
+        "worker": item.worker or None,
+        "lease_owner": item.lease_owner or None,
+        "step": item.step,
+        "attempt": item.attempt,
+        "since": item.since,
+        "waited_s": round(item.waited_s, 3),
+        "tools": list(item.tools),
+        "wake_at": item.wake_at,
+        "wake_in_s": None if item.wake_in_s is None else round(item.wake_in_s, 3),
+        "call": None
+        if call is None
+        else {
+            "index": call.index,
+            "tool": call.tool,
+            "kind": call.kind,
+            "status": call.status,
+            "attempt": call.attempt,
+            "running": call.running,
+            "error": call.error,
+            "attempt_at": call.attempt_at,
+        },
+    }
 
 
 @csrf_exempt

@@ -13,6 +13,7 @@ urlpatterns = [
     path("runs/<str:run_id>/approve", api.run_approve, name="approve"),
     path("runs/<str:run_id>/fork", api.run_fork, name="fork"),
     path("runs/<str:run_id>/side-effects", api.run_side_effects, name="side_effects"),
+    path("inflight", api.in_flight, name="inflight"),
     path("ledger", api.ledger, name="ledger"),
     path("openapi.json", api.openapi_json, name="openapi"),
 ]

@@ -323,6 +323,12 @@ class ToolCallStatus(models.TextChoices):
     SKIPPED = "skipped"
     REJECTED = "rejected"
     REPLAYED = "replayed"  # recorded-mode fork: the parent's result, nothing invoked
+    CANCELLED = "cancelled"  # its run was cancelled before the call started
+
+
+# Calls that have not started: cancelling the run ends them as cancelled. A call with an
+# intent may be running or may have happened, so it keeps its status (in doubt, compensated…).
+PENDING_CALLS = (ToolCallStatus.PLANNED, ToolCallStatus.AWAITING_APPROVAL)
 
 
 class ToolCall(models.Model):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 RUN_STATUSES = ["queued", "running", "waiting", "succeeded", "failed", "cancelled"]
+# agentrun.inflight.STATES, in its order.
+INFLIGHT_STATES = ["deciding", "acting", "backoff", "approval", "in_doubt", "stalled", "queued"]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -310,6 +312,106 @@ SCHEMAS: dict[str, Any] = {
             "state": {"type": "object"},
         },
     },
+    "StateCounts": {
+        "type": "object",
+        "description": "Runs per state; every state is present.",
+        "properties": {state: {"type": "integer"} for state in INFLIGHT_STATES},
+    },
+    "InFlightItem": {
+        "type": "object",
+        "properties": {
+            "run_id": {"type": "string", "format": "uuid"},
+            "agent": {"type": "string"},
+            "state": {"enum": INFLIGHT_STATES},
+            "worker": {
+                "type": ["string", "null"],
+                "description": "host:pid of the worker process holding the step (its lease "
+                "owner without the last part); null when nobody holds it.",
+            },
+            "lease_owner": {"type": ["string", "null"]},
+            "step": {"type": "integer", "description": "The step it is at (next_step)."},
+            "attempt": {"type": "integer", "description": "Attempts at the step so far."},
+            "since": {
+                "type": "string",
+                "format": "date-time",
+                "description": "Since when it has waited: the claim (deciding), the decision "
+                "or the latest call record (acting), the lease's expiry (stalled), the park "
+                "or the queueing (the rest).",
+            },
+            "waited_s": {"type": "number"},
+            "tools": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The tools its decision calls, in order.",
+            },
+            "wake_at": {**NULLABLE_TIME, "description": "backoff: when it is retried."},
+            "wake_in_s": {"type": ["number", "null"], "description": "Negative: overdue."},
+            "call": {
+                "description": "The call it is on: running (acting), awaiting approval, in "
+                "doubt, or to be retried (backoff).",
+                "oneOf": [
+                    {"type": "null"},
+                    {
+                        "type": "object",
+                        "properties": {
+                            "index": {"type": "integer"},
+                            "tool": {"type": "string"},
+                            "kind": {"enum": ["read", "write", "hybrid"]},
+                            "status": {"type": "string"},
+                            "attempt": {"type": "integer"},
+                            "running": {"type": "boolean"},
+                            "error": {"type": "string"},
+                            "attempt_at": NULLABLE_TIME,
+                        },
+                    },
+                ],
+            },
+        },
+    },
+    "InFlight": {
+        "type": "object",
+        "properties": {
+            "now": {"type": "string", "format": "date-time"},
+            "total": {"type": "integer", "description": "Every active run."},
+            "in_flight": {"type": "integer", "description": "Every active run but the queued."},
+            "counts": _ref("StateCounts"),
+            "workers": {
+                "type": "array",
+                "description": "Counts per worker (null: runs nobody holds), whatever the filter.",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "worker": {"type": ["string", "null"]},
+                        "counts": _ref("StateCounts"),
+                        "total": {"type": "integer"},
+                    },
+                },
+            },
+            "filter": {
+                "type": "object",
+                "properties": {
+                    "state": {"type": "string"},
+                    "worker": {"type": "string"},
+                    "limit": {"type": "integer"},
+                },
+            },
+            "groups": {
+                "type": "array",
+                "description": "Per state (only the asked-for one with a state filter): the "
+                "runs that have waited longest, at most `limit` (queued: 5 unless asked for).",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "state": {"enum": INFLIGHT_STATES},
+                        "title": {"type": "string"},
+                        "count": {"type": "integer", "description": "All, not only those listed."},
+                        "more": {"type": "integer", "description": "Not listed."},
+                        "items": {"type": "array", "items": _ref("InFlightItem")},
+                    },
+                },
+            },
+        },
+    },
     "Ledger": {
         "type": "object",
         "properties": {
@@ -445,6 +547,29 @@ PATHS: dict[str, Any] = {
             "responses": {
                 "200": _json(_ref("SideEffects"), "The calls, in step order."),
                 **_errors(400, 401, 403, 404),
+            },
+        }
+    },
+    "/api/inflight": {
+        "get": {
+            "operationId": "getInFlight",
+            "summary": "Every step in flight now, by state and worker, longest waits first",
+            "parameters": [
+                _query("state", "Only runs in this state.", {"enum": INFLIGHT_STATES}),
+                _query(
+                    "worker",
+                    "Only this worker's runs (host:pid); `none`: the runs nobody holds.",
+                    {"type": "string"},
+                ),
+                _query(
+                    "limit",
+                    "Runs listed per state.",
+                    {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+                ),
+            ],
+            "responses": {
+                "200": _json(_ref("InFlight"), "What is in flight."),
+                **_errors(400, 401, 403),
             },
         }
     },

@@ -19,6 +19,7 @@ from agentrun.engine import compensate_run, enqueue
 from agentrun.events import record_event
 from agentrun.models import (
     ACTIVE_STATUSES,
+    PENDING_CALLS,
     Run,
     RunStatus,
     StepStatus,
@@ -57,7 +58,8 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None) -> Run:
 
 
 def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
-    """Cancel an active run; its successful hybrid calls are compensated."""
+    """Cancel an active run: its calls not yet started end as cancelled, its successful
+    hybrid calls are compensated."""
     now = timezone.now()
     with transaction.atomic():
         n = Run.objects.filter(pk=run.pk, status__in=ACTIVE_STATUSES).update(
@@ -75,6 +77,9 @@ def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
             )
         run.steps.filter(status__in=(StepStatus.RUNNING, StepStatus.WAITING)).update(
             status=StepStatus.CANCELLED, finished_at=now
+        )
+        run.tool_calls.filter(status__in=PENDING_CALLS).update(
+            status=ToolCallStatus.CANCELLED, finished_at=now
         )
         record_event("run_cancelled", run=run, user=user, reason=reason)
     run.refresh_from_db()

@@ -96,6 +96,27 @@ DEBUG = env_bool("DEBUG", EMBEDDED)
 ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")]
 CSRF_TRUSTED_ORIGINS = [o for o in env("CSRF_TRUSTED_ORIGINS").split(",") if o]
 
+# HTTPS: AGENTRUN_HTTPS=1 when the site is served only over TLS, usually ended by a
+# reverse proxy. Off by default: a Secure cookie never comes back over plain http,
+# so turning these on without TLS would break every login (the embedded mode, dev).
+AGENTRUN_HTTPS = env_bool("AGENTRUN_HTTPS", False)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", AGENTRUN_HTTPS)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", AGENTRUN_HTTPS)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", AGENTRUN_HTTPS)
+# Browsers remember HSTS for this long: they will refuse plain http to the host.
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 365 * 24 * 3600 if AGENTRUN_HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", AGENTRUN_HTTPS)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", AGENTRUN_HTTPS)
+# Behind a TLS proxy gunicorn sees plain http: trust the proxy's header saying the
+# client used https. Only safe when the proxy overwrites that header and nothing
+# else can reach gunicorn. Empty: trust no header (TLS ends in gunicorn itself).
+_proxy_header = env("AGENTRUN_PROXY_SSL_HEADER", "X-Forwarded-Proto" if AGENTRUN_HTTPS else "")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_header.strip().upper().replace("-", "_"), "https")
+    if _proxy_header.strip()
+    else None
+)
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

@@ -7,6 +7,7 @@ from uuid import UUID
 from django import forms
 from django.db.models import Q, QuerySet
 
+from agentrun import inflight
 from agentrun.models import Event, Run, RunStatus, ToolCall
 from debugger.diffs import SnapshotRef, SpecError
 
@@ -144,6 +145,39 @@ class AuditFilterForm(DateRangeMixin):
 
 def _tools_of_kind(kind: str) -> list[str]:
     return list(ToolCall.objects.filter(kind=kind).values_list("tool", flat=True).distinct())
+
+
+class NowFilterForm(forms.Form):
+    """The Now page's filters: one state, one worker, how many runs per state."""
+
+    state = forms.ChoiceField(
+        required=False, choices=[("", "every state"), *((s.key, s.title) for s in inflight.STATES)]
+    )
+    worker = forms.CharField(
+        required=False,
+        max_length=100,
+        widget=forms.TextInput(
+            attrs={"placeholder": f"host:pid, or {inflight.NO_WORKER}", "list": "now-workers"}
+        ),
+    )
+    limit = forms.IntegerField(
+        required=False,
+        label="Per state",
+        min_value=1,
+        max_value=inflight.MAX_LIMIT,
+        widget=forms.NumberInput(attrs={"placeholder": str(inflight.LIMIT)}),
+    )
+
+    def snapshot(self) -> inflight.InFlight:
+        """What is in flight, filtered as asked; everything when the filters don't hold."""
+        if not self.is_valid():
+            return inflight.snapshot()
+        data = self.cleaned_data
+        return inflight.snapshot(
+            worker=data["worker"].strip(),
+            state=data["state"],
+            limit=data["limit"] or inflight.LIMIT,
+        )
 
 
 class CancelForm(forms.Form):

@@ -34,6 +34,7 @@ urlpatterns = [
         views.snapshot_json,
         name="snapshot-json",
     ),
+    path("now/", views.now, name="now"),
     path("diff/", views.diff_any, name="diff"),
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit-csv"),

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_htmx.middleware import HtmxDetails
 
-from agentrun import services
+from agentrun import inflight, services
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.delta import state_hash
 from agentrun.models import Run, Snapshot, Step
@@ -31,6 +31,7 @@ from debugger.forms import (
     CancelForm,
     DiffForm,
     ForkForm,
+    NowFilterForm,
     RunFilterForm,
 )
 from debugger.jsontree import (
@@ -75,6 +76,10 @@ def _stop_polling_unless(active: bool, response: HttpResponse) -> HttpResponse:
 
 @role_required
 def run_list(request: HtmxHttpRequest) -> HttpResponse:
+    if _fragment(request, "inflight-counts"):
+        counts = _inflight_counts()
+        response = render(request, "debugger/_inflight_counts.html", counts)
+        return _stop_polling_unless(bool(counts["inflight_total"]), response)
     form = RunFilterForm(request.GET)
     runs = form.filter(Run.objects.select_related("created_by"))
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
@@ -95,7 +100,37 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         if request.GET.get("v") == token and active:
             return HttpResponse(status=204)
         return _stop_polling_unless(active, render(request, "debugger/run_list.html#rows", context))
-    return render(request, "debugger/run_list.html", context)
+    return render(request, "debugger/run_list.html", {**context, **_inflight_counts()})
+
+
+def _inflight_counts() -> dict[str, Any]:
+    """The run list header's line: 12 deciding · 30 on a tool · ... (states with runs only)."""
+    counts = inflight.counts()
+    return {
+        "inflight_parts": [(s, counts[s.key]) for s in inflight.STATES if counts[s.key]],
+        "inflight_total": sum(counts.values()),
+    }
+
+
+# --- now: what is in flight --------------------------------------------------------------
+
+
+@role_required
+def now(request: HtmxHttpRequest) -> HttpResponse:
+    """Every step in flight by state and worker, longest waits first; the body polls."""
+    form = NowFilterForm(request.GET)
+    context = {
+        "form": form,
+        "snap": form.snapshot(),
+        "states": inflight.STATES,
+        "no_worker": inflight.NO_WORKER,
+        "max_limit": inflight.MAX_LIMIT,
+        "poll_url": request.get_full_path(),
+        **abilities(request),
+    }
+    if _fragment(request, "now-body"):
+        return render(request, "debugger/now.html#body", context)
+    return render(request, "debugger/now.html", context)
 
 
 # --- run detail -------------------------------------------------------------------------

@@ -68,3 +68,97 @@ def drive(run: Run, max_steps: int = 100, through_backoff: bool = False) -> Run:
             break
     run.refresh_from_db()
     return run
+
+
+def make_in_flight(
+    state: str,
+    count: int = 1,
+    *,
+    waited: float = 5.0,
+    worker: str = "host-a:101",
+    tools: tuple[str, ...] = ("echo",),
+    step: int = 2,
+    wake_in: float = 3.0,
+    now: Any = None,
+) -> list[Run]:
+    """`count` runs caught in one state of agentrun.inflight, written straight to the tables
+    (bulk inserts, as many as a test needs), each having waited `waited` seconds by `now`.
+
+    deciding/acting/stalled runs are leased by `worker` (a fresh `:uuid8` each); acting ones
+    are inside their first call (an intent whose attempt started), backoff ones wait to
+    retry it (`wake_in` seconds from now), approval and in_doubt ones are parked on it.
+    """
+    import uuid
+    from datetime import timedelta
+
+    from django.db.models import F
+
+    from agentrun.models import Step, ToolCall
+
+    now = now or timezone.now()
+    since = now - timedelta(seconds=waited)
+    leased = state in ("deciding", "acting", "stalled")
+    decided = state not in ("deciding", "stalled", "queued")
+    runs = [
+        Run(
+            agent="scripted",
+            input={"goal": f"{state} {i}"},
+            status={"backoff": "waiting", "approval": "waiting", "in_doubt": "waiting"}.get(
+                state, "queued" if state == "queued" else "running"
+            ),
+            wait_reason=state if state in ("backoff", "approval", "in_doubt") else "",
+            next_step=1 if state == "queued" else step,
+            lease_owner=f"{worker}:{uuid.uuid4().hex[:8]}" if leased else "",
+            # A live worker's lease stays ahead however long the test takes.
+            lease_expires_at=(since if state == "stalled" else now + timedelta(hours=1))
+            if leased
+            else None,
+            wake_at=now + timedelta(seconds=wake_in) if state == "backoff" else None,
+            created_at=since,
+            started_at=None if state == "queued" else since,
+        )
+        for i in range(count)
+    ]
+    Run.objects.bulk_create(runs)
+    # updated_at is auto_now: the time the run last moved is what the page counts from.
+    Run.objects.filter(pk__in=[r.pk for r in runs]).update(updated_at=F("created_at"))
+    if state == "queued":
+        return runs
+    steps = Step.objects.bulk_create(
+        Step(
+            run=run,
+            number=step,
+            status="waiting" if state in ("approval", "in_doubt") else "running",
+            attempts=2 if state == "backoff" else 1,
+            decision={"thought": "act", "calls": [{"tool": t, "args": {}} for t in tools]}
+            if decided
+            else None,
+            decided_at=since if decided else None,
+            started_at=since,
+        )
+        for run in runs
+    )
+    if not decided:
+        return runs
+    call_status = {"acting": "intent", "backoff": "planned", "approval": "awaiting_approval"}
+    attempt: dict[str, Any] = {"at": since.isoformat(), "started": True}
+    if state == "backoff":
+        attempt.update(ended=True, error="ToolError: try later", backoff_s=wake_in)
+    ToolCall.objects.bulk_create(
+        ToolCall(
+            run=run,
+            step=s,
+            index=0,
+            tool=tools[0],
+            kind="write",
+            args_hash="0" * 64,
+            idempotency_key=f"{run.pk}:{step}:0:{tools[0]}:0",
+            status=call_status.get(state, "in_doubt"),
+            error="ToolError: try later" if state == "backoff" else "",
+            attempts=[] if state == "approval" else [attempt],
+            requires_approval=state == "approval",
+            created_at=since,
+        )
+        for run, s in zip(runs, steps, strict=True)
+    )
+    return runs

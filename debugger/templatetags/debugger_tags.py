@@ -40,6 +40,25 @@ def span(value: timedelta | None) -> str:
     return "–" if value is None else ms(value.total_seconds() * 1000)
 
 
+@register.filter
+def waited(seconds: float | None) -> str:
+    """A wait, readable at a glance: 0.4 s, 12 s, 3 min, 2 h 05 min, 3 d 4 h (sign ignored)."""
+    if seconds is None:
+        return "–"
+    s = abs(seconds)
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min"
+    if s < 86400:
+        hours, minutes = divmod(int(s // 60), 60)
+        return f"{hours} h {minutes:02d} min"
+    days, hours = divmod(int(s // 3600), 24)
+    return f"{days} d {hours} h"
+
+
 @register.filter(name="bytes")
 def bytes_(value: int | None) -> str:
     return human_bytes(value)

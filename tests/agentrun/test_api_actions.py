@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.test import Client
 
@@ -187,7 +189,7 @@ def crash_in_doubt(monkeypatch, run):
     def die(code):
         raise Crash(code)
 
-    monkeypatch.setattr(engine.os, "_exit", die)
+    monkeypatch.setattr(os, "_exit", die)
     with pytest.raises(Crash):
         engine.execute_step(run.pk, 1)
     Run.objects.filter(pk=run.pk).update(lease_expires_at=None)  # the dead worker's lease ran out

@@ -34,6 +34,7 @@ def reads(run):
         f"/api/runs/{run.pk}",
         f"/api/runs/{run.pk}/snapshots/1/pre",
         f"/api/ledger?run={run.pk}",
+        "/api/inflight",
     ]
 
 

@@ -57,3 +57,22 @@ def test_queryset_updates_are_refused_too():
     with pytest.raises(DatabaseError), transaction.atomic():
         Event.objects.filter(pk=event.pk).update(actor="mallory")
     assert Event.objects.get(pk=event.pk).actor == "system"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the trigger is PostgreSQL's")
+def test_postgresql_refuses_truncate_even_for_the_owner_of_the_table():
+    event = record_event("note")
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_get_userbyid(relowner) = current_user FROM pg_class WHERE oid = 'agentrun_event'::regclass"
+        )
+        assert cur.fetchone() == (True,)
+
+    with (
+        pytest.raises(DatabaseError, match="append-only: TRUNCATE refused"),
+        transaction.atomic(),
+        connection.cursor() as cur,
+    ):
+        cur.execute("TRUNCATE agentrun_event")
+
+    assert Event.objects.filter(pk=event.pk).exists()

@@ -1,5 +1,7 @@
 """An operator's "retry" of a call left in doubt covers one attempt only."""
 
+import os
+
 import pytest
 
 from agentrun import engine, services
@@ -25,7 +27,7 @@ def test_a_retried_call_that_is_left_in_doubt_again_waits_for_the_operator_again
             final(),
         )
     )
-    monkeypatch.setattr(engine.os, "_exit", lambda code: (_ for _ in ()).throw(Crash(code)))
+    monkeypatch.setattr(os, "_exit", lambda code: (_ for _ in ()).throw(Crash(code)))
     with pytest.raises(Crash):
         engine.execute_step(run.pk, 1)
     lose_the_lease(run)
@@ -33,13 +35,13 @@ def test_a_retried_call_that_is_left_in_doubt_again_waits_for_the_operator_again
     assert (run.status, run.wait_reason) == ("waiting", "in_doubt")
 
     services.decide_approval(run, user=olga, decision="approve", resolution="retry")
-    real_save = engine._save_side_effect_result
+    real_save = engine.act._save_side_effect_result
 
     def die_after_sending(ctx, tc, t):
-        monkeypatch.setattr(engine, "_save_side_effect_result", real_save)
+        monkeypatch.setattr(engine.act, "_save_side_effect_result", real_save)
         raise Crash("after the retry sent")
 
-    monkeypatch.setattr(engine, "_save_side_effect_result", die_after_sending)
+    monkeypatch.setattr(engine.act, "_save_side_effect_result", die_after_sending)
     with pytest.raises(Crash):
         engine.execute_step(run.pk, 1)
     lose_the_lease(run)

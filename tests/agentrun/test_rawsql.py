@@ -89,15 +89,31 @@ def test_an_asynchronous_write_leaves_the_connection_committing_synchronously():
 def test_database_urls_prepare_the_hot_path_unless_told_not_to():
     from agentrun.settings import database_from_url
 
+    def options(url: str) -> dict:
+        return {k: v for k, v in database_from_url(url)["OPTIONS"].items() if k != "pool"}
+
     url = "postgres://u:p@db:5432/agentrun"
-    assert database_from_url(url)["OPTIONS"] == {"prepare_threshold": 5}
-    assert database_from_url(url + "?prepare_threshold=none")["OPTIONS"] == {
-        "prepare_threshold": None
-    }
-    assert database_from_url(url + "?prepare_threshold=2&sslmode=require")["OPTIONS"] == {
+    assert options(url) == {"prepare_threshold": 5}
+    assert options(url + "?prepare_threshold=none") == {"prepare_threshold": None}
+    assert options(url + "?prepare_threshold=2&sslmode=require") == {
         "prepare_threshold": 2,
         "sslmode": "require",
     }
+
+
+def test_each_process_gets_a_bounded_connection_pool_unless_it_is_turned_off(monkeypatch):
+    from agentrun.settings import database_from_url
+
+    url = "postgres://u:p@db:5432/agentrun"
+    db = database_from_url(url)
+    assert db["OPTIONS"]["pool"]["max_size"] == 10
+    assert db["CONN_MAX_AGE"] == 0  # pooled connections go back to the pool
+    monkeypatch.setenv("DB_POOL_MAX_SIZE", "25")
+    assert database_from_url(url)["OPTIONS"]["pool"]["max_size"] == 25
+    monkeypatch.setenv("DB_POOL_MAX_SIZE", "0")
+    monkeypatch.setenv("DB_CONN_MAX_AGE", "30")
+    db = database_from_url(url)
+    assert "pool" not in db["OPTIONS"] and db["CONN_MAX_AGE"] == 30
 
 
 @pytest.mark.skipif(
@@ -108,15 +124,25 @@ def test_the_step_statements_are_prepared_once_and_reused():
     from tests.base import calls
 
     run = make_run(script(*[calls({"tool": "echo", "args": {"n": i}}) for i in range(6)], final()))
-    connection.close()  # a new session: nothing prepared yet
-    engine.execute_step(run.pk, 1, chain=60)
-    run.refresh_from_db()
-    assert run.status == "succeeded"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*), sum(generic_plans + custom_plans) FROM pg_prepared_statements"
-            ' WHERE statement LIKE \'WITH g AS (UPDATE "agentrun_run" SET "next_step"%%\''
-        )
-        statements, uses = cursor.fetchone()
+    # A pool of one fresh session, so the steps and the query below share it.
+    options = connection.settings_dict["OPTIONS"]
+    pool = options["pool"]
+    connection.close()
+    connection.close_pool()
+    options["pool"] = {**pool, "min_size": 1, "max_size": 1}
+    try:
+        engine.execute_step(run.pk, 1, chain=60)
+        run.refresh_from_db()
+        assert run.status == "succeeded"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*), sum(generic_plans + custom_plans) FROM pg_prepared_statements"
+                ' WHERE statement LIKE \'WITH g AS (UPDATE "agentrun_run" SET "next_step"%%\''
+            )
+            statements, uses = cursor.fetchone()
+    finally:
+        connection.close()
+        connection.close_pool()
+        options["pool"] = pool
     # Commits of steps that claim the next one share a statement; the last one differs.
     assert 1 <= statements <= 3 and uses >= 6

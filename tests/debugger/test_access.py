@@ -31,6 +31,7 @@ def pages(run: Run) -> list[str]:
         "/diff/",
         "/audit/",
         "/audit/export.csv",
+        "/now/",
     ]
 
 

@@ -175,7 +175,7 @@ def test_a_running_step_shows_the_read_calls_its_decision_asked_for_before_they_
         user=people["operator"],
     )
     ctx = engine.claim(str(run.pk), 1, "test-worker")
-    decision = engine._decide(ctx)  # decided and recorded; the read call has not run yet
+    decision = engine.decide.decide_step(ctx)  # decided and recorded; the read call has not run yet
     assert not isinstance(decision, engine.Outcome)
     assert not ToolCall.objects.filter(run=run).exists()
     assert Step.objects.get(run=run, number=1).status == "running"

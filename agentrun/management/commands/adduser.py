@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentrun.roles import ROLES, create_user
+from agentrun.roles import ROLES, clean_username, create_user
 
 
 class Command(BaseCommand):
@@ -19,6 +20,11 @@ class Command(BaseCommand):
         parser.add_argument("--password", required=True)
 
     def handle(self, *args: Any, name: str, role: str, password: str, **options: Any) -> None:
+        try:
+            name = clean_username(name)
+        except ValidationError as exc:
+            shown = name if len(name) <= 40 else name[:40] + "…"
+            raise CommandError(f"invalid user name {shown!r}: {' '.join(exc.messages)}") from None
         existed = get_user_model().objects.filter(username=name).exists()
         create_user(name, role, password)
         self.stdout.write(f"{'updated' if existed else 'created'} {name} ({role})")

@@ -1,0 +1,224 @@
+"""Phase 1: claim a step with a lease and make sure its pre snapshot exists."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from agentrun import hashing, rawsql, snapshots
+from agentrun.agents import Agent, get_agent
+from agentrun.engine.cache import cache_get, cache_put
+from agentrun.engine.context import Claimed
+from agentrun.models import (
+    Run,
+    Snapshot,
+    Step,
+)
+
+log = logging.getLogger(__name__)
+
+
+def claim(run_id: str, number: int, owner: str) -> Claimed | None:
+    """Take the lease on (run, step) and make sure its pre snapshot exists."""
+    now = timezone.now()
+    if connection.vendor == "postgresql":
+        claimed = _claim_pg(run_id, number, owner, now)
+        if claimed is None:
+            return None
+        run, step, pre = claimed
+    else:
+        with transaction.atomic():
+            run = _claim_run(run_id, number, owner, now)
+            if run is None:
+                return None
+            step, pre = None, None
+    agent = get_agent(run.agent)
+    if pre is None:
+        pre, pre_state, pre_node = _ensure_pre_snapshot(run, number, agent)
+    else:
+        pre_state, pre_node = _state_of(str(run.pk), pre)
+    if step is None:
+        step = _upsert_step(run, number, str(pre_state.get("phase", "")), now)
+    elif step.attempts == 1 and step.phase_before != pre.phase:
+        # The run's very first step: its pre snapshot was only just written.
+        step.phase_before = pre.phase
+        step.save(update_fields=["phase_before"])
+    return Claimed(
+        run=run,
+        step=step,
+        agent=agent,
+        owner=owner,
+        pre_state=pre_state,
+        pre=pre,
+        pre_node=pre_node,
+    )
+
+
+_DUE = (
+    "next_step = %s AND (status IN ('queued', 'running') OR (status = 'waiting'"
+    " AND wait_reason = 'backoff')) AND (lease_expires_at IS NULL OR lease_expires_at < %s)"
+    " AND (wake_at IS NULL OR wake_at <= %s)"
+)
+
+
+def _claim_set(run_id: str, number: int, owner: str, now: Any) -> tuple[str, list[Any]]:
+    """The claim as `UPDATE run SET ... WHERE <due>` and its parameters."""
+    params = [
+        owner,
+        rawsql.prep(
+            Run, "lease_expires_at", now + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS)
+        ),
+        rawsql.prep(Run, "started_at", now),
+        rawsql.prep(Run, "updated_at", now),
+        rawsql.prep(Run, "id", run_id),
+        number,
+        rawsql.prep(Run, "lease_expires_at", now),
+        rawsql.prep(Run, "wake_at", now),
+    ]
+    return _claim_sql(), params
+
+
+@cache
+def _claim_sql() -> str:
+    return (
+        f"UPDATE {rawsql.table(Run)} SET status = 'running', wait_reason = '', wake_at = NULL,"
+        " lease_owner = %s, lease_expires_at = %s, started_at = COALESCE(started_at, %s),"
+        f" updated_at = %s WHERE id = %s AND {_DUE}"
+    )
+
+
+def _claim_run(run_id: str, number: int, owner: str, now: Any) -> Run | None:
+    sql, params = _claim_set(run_id, number, owner, now)
+    names = rawsql.attnames(Run)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {rawsql.select_list(Run)}", params)
+        row = cursor.fetchone()
+    return None if row is None else rawsql.from_row(Run, names, row)
+
+
+@cache
+def _claim_pg_sql() -> tuple[str, tuple[str, ...]]:
+    """The one-statement claim (see _claim_pg) and the snapshot columns it returns."""
+    snap_names = tuple(n for n in rawsql.attnames(Snapshot) if n != "data")
+    fixed = {
+        "step": "%s::integer",
+        "at": "'pre'",
+        "seq": "%s::integer",
+        "kind": "'ref'",
+        "data": "NULL",
+        "stored_bytes": "0",
+        "outcome": "''",
+        "created_at": "%s::timestamptz",
+    }
+    ref_cols = [f for f in Snapshot._meta.concrete_fields if not f.primary_key]
+    insert_cols = ", ".join(rawsql.column(Snapshot, f.attname) for f in ref_cols)
+    insert_vals = ", ".join(
+        fixed.get(f.attname, "l." + rawsql.column(Snapshot, f.attname)) for f in ref_cols
+    )
+    returning = ", ".join(rawsql.column(Snapshot, n) for n in snap_names)
+    snap_t, step_t = rawsql.table(Snapshot), rawsql.table(Step)
+    statement = (
+        f"WITH {rawsql.ASYNC_COMMIT}, r AS ({_claim_sql()} RETURNING {rawsql.select_list(Run)}), "
+        f"s AS (INSERT INTO {step_t} (run_id, number, status, attempts, phase_before, phase_after,"
+        " decision_count, tokens_in, tokens_out, started_at)"
+        " SELECT r.id, %s::integer, 'running', 1, COALESCE((SELECT phase FROM"
+        f" {snap_t} WHERE run_id = r.id AND seq <= %s::integer ORDER BY seq DESC LIMIT 1), ''),"
+        " '', 0, 0, 0, %s::timestamptz FROM r"
+        " ON CONFLICT (run_id, number) DO UPDATE SET"
+        f" attempts = {step_t}.attempts + 1, status = 'running'"
+        f" RETURNING {rawsql.select_list(Step)}), "
+        f"p AS (INSERT INTO {snap_t} ({insert_cols}) SELECT {insert_vals} FROM r,"
+        f" LATERAL (SELECT * FROM {snap_t} WHERE run_id = r.id AND seq < %s::integer"
+        " ORDER BY seq DESC LIMIT 1) l"
+        f" ON CONFLICT (run_id, seq) DO NOTHING RETURNING {returning}) "
+        "SELECT r.*, s.*, p.* FROM cfg CROSS JOIN r CROSS JOIN s LEFT JOIN p ON true"
+    )
+    return statement, snap_names
+
+
+def _claim_pg(
+    run_id: str, number: int, owner: str, now: Any
+) -> tuple[Run, Step, Snapshot | None] | None:
+    """The claim in one statement: lease, step row (or one more attempt), pre snapshot.
+
+    The pre snapshot is written as a REF to the latest snapshot before it when
+    there is one and the pre doesn't exist yet; otherwise (first step, a retried
+    step, a fork's first step) the caller finds or builds it.
+    Commits asynchronously: a claim lost in a database crash costs nothing,
+    and every later synchronous commit flushes it.
+    """
+    sql, params = _claim_set(run_id, number, owner, now)
+    seq = Snapshot.seq_for(number, "pre")
+    params += [
+        number,
+        seq,  # phase_before: the phase of the latest snapshot at or before the pre
+        rawsql.prep(Step, "started_at", now),
+        number,
+        seq,
+        rawsql.prep(Snapshot, "created_at", now),
+        seq,
+    ]
+    statement, snap_names = _claim_pg_sql()
+    step_names, run_names = rawsql.attnames(Step), rawsql.attnames(Run)
+    row = rawsql.run_statement(statement, params)
+    if row is None:
+        log.debug("step %s of %s is not claimable now", number, run_id)
+        return None
+    a, b = len(run_names), len(run_names) + len(step_names)
+    run = rawsql.from_row(Run, run_names, row[:a])
+    step = rawsql.from_row(Step, step_names, row[a:b])
+    pre = None
+    if row[b] is not None:
+        pre = rawsql.from_row(Snapshot, snap_names, row[b:])
+    return run, step, pre
+
+
+_STEP_UPSERT = """
+INSERT INTO agentrun_step (run_id, number, status, attempts, phase_before, phase_after,
+    decision_count, tokens_in, tokens_out, started_at)
+VALUES (%s, %s, 'running', 1, %s, '', 0, 0, 0, %s)
+ON CONFLICT (run_id, number) DO UPDATE SET attempts = agentrun_step.attempts + 1, status = 'running'
+RETURNING *
+"""
+
+
+def _upsert_step(run: Run, number: int, phase_before: str, now: Any) -> Step:
+    """Create the step, or count one more attempt at it: one statement."""
+    run_id = run.pk.hex if connection.vendor == "sqlite" else run.pk
+    return list(Step.objects.raw(_STEP_UPSERT, [run_id, number, phase_before, now]))[0]
+
+
+def _ensure_pre_snapshot(
+    run: Run, number: int, agent: Agent
+) -> tuple[Snapshot, dict[str, Any], hashing.Node]:
+    seq = Snapshot.seq_for(number, "pre")
+    # Without data: a keyframe's state is only read when this worker hasn't cached it.
+    latest = Snapshot.objects.filter(run=run, seq__lte=seq).defer("data").order_by("-seq").first()
+    if latest is not None and latest.seq == seq:
+        return (latest, *_state_of(str(run.pk), latest))
+    if latest is None:
+        state = agent.initial_state(run.input)
+        snap, node = snapshots.build(run.pk, number, "pre", state, None, None)
+    else:
+        state, node = _state_of(str(run.pk), latest)
+        snap = snapshots.reference(run.pk, number, "pre", latest)
+    snap.save()
+    cache_put(str(run.pk), snap.seq, snap.hash, state, node, snap.size)
+    return snap, state, node
+
+
+def _state_of(run_id: str, snap: Snapshot) -> tuple[dict[str, Any], hashing.Node]:
+    """A snapshot's state and hash tree: from this worker's cache, else rebuilt from the store."""
+    cached = cache_get(run_id, snap.hash)
+    if cached is not None:
+        return cached
+    state = snapshots.load_state(snap)
+    node = hashing.build(state)
+    cache_put(run_id, snap.seq, snap.hash, state, node, snap.size)
+    return state, node
