@@ -252,9 +252,11 @@ AGENTRUN_MAX_STEP_ATTEMPTS = env_int("AGENTRUN_MAX_STEP_ATTEMPTS", 5)
 # Don't enqueue from inside the web process/tests when a test drives the engine itself.
 AGENTRUN_ENQUEUE = env_bool("AGENTRUN_ENQUEUE", True)
 # A worker task goes on with the next step of its run (claimed by the commit, no
-# broker round trip) until this many seconds have passed, then hands the run back
-# to the queue so other runs get their turn. 0: one step per task.
-AGENTRUN_CHAIN_SECONDS = env_float("AGENTRUN_CHAIN_SECONDS", 0.5)
+# broker round trip, no second claim, the state already in memory) until this many
+# seconds have passed, then hands the run back to the queue so other runs get their
+# turn. A step waiting on a model holds a thread, not a process, so the chain can be
+# long: 30 s took a third off an LLM step's worker CPU. 0: one step per task.
+AGENTRUN_CHAIN_SECONDS = env_float("AGENTRUN_CHAIN_SECONDS", 30.0)
 
 # The LLM agent: OpenAI-compatible chat completions. The key is read at call
 # time from the environment and never stored.
