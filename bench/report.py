@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import statistics
@@ -364,6 +365,10 @@ def render(results: dict[str, Any]) -> str:
     lines += _throughput(results)
     lines += _pages(results)
     lines += _definitions(results)
+    # The LLM-bound benchmark runs on its own (bench/llm_bench.py): its latest results.
+    llm = Path(__file__).with_name("llm_results.json")
+    if llm.exists():
+        lines += ["", '<a id="llm-bound-runs"></a>', "", json.loads(llm.read_text())["markdown"]]
     return "\n".join(lines) + "\n"
 
 
