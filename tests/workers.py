@@ -117,12 +117,14 @@ class Worker:
         os.killpg(self.proc.pid, sig)
 
     def stop(self) -> None:
+        # The whole group, even when the main process is gone: a worker that died (a
+        # fault point's os._exit) leaves its embedded beat process behind otherwise.
+        try:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         if self.proc.poll() is None:
-            try:
-                self.signal(signal.SIGCONT)
-                self.signal(signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.proc.wait(timeout=30)
         self.log.close()
 
