@@ -133,6 +133,7 @@ class Item:
     wake_at: datetime | None
     wake_in_s: float | None  # negative: overdue
     call: Call | None = None
+    error: str = ""  # why a crashed run waits
 
 
 @dataclass
@@ -318,6 +319,7 @@ def _rows(now: datetime) -> Iterable[dict[str, Any]]:
         "next_step",
         "wake_at",
         "state",
+        "error",
         since=_since_case(_rules(now)),
         step_id=F("cur__id"),
         attempts=F("cur__attempts"),
@@ -345,6 +347,7 @@ def _item(row: dict[str, Any], now: datetime) -> Item:
         wake_at=wake,
         wake_in_s=(wake - now).total_seconds() if wake else None,
         step_id=row["step_id"],
+        error=row["error"] if row["state"] == "crashed" else "",
     )
 
 

@@ -205,3 +205,13 @@ def test_it_reads_everything_in_two_queries_however_many_runs_are_in_flight(
 def test_a_worker_is_its_lease_owner_without_the_last_part():
     assert inflight.worker_of("web-3.example.com:4242:0badcafe") == "web-3.example.com:4242"
     assert inflight.worker_of("solo") == "solo"
+
+
+def test_a_crashed_run_says_why_it_waits():
+    [run] = make_in_flight("crashed")
+    Run.objects.filter(pk=run.pk).update(error="step 3 crashed 5 times; last: Boom")
+    item = only(inflight.snapshot(), "crashed")
+    assert item.error == "step 3 crashed 5 times; last: Boom" and item.worker == ""
+    [other] = make_in_flight("in_doubt")
+    Run.objects.filter(pk=other.pk).update(error="not shown for other states")
+    assert only(inflight.snapshot(state="in_doubt"), "in_doubt").error == ""
