@@ -40,6 +40,7 @@ from agentrun.models import (
 )
 from agentrun.openapi import document
 from agentrun.roles import can_operate, role_of
+from agentrun.storable import check_storable
 
 log = logging.getLogger(__name__)
 
@@ -200,24 +201,6 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
 
-def _check_text(value: Any, path: str = "$") -> None:
-    """Refuse strings the database can't store (PostgreSQL has no NUL in text or jsonb)."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError(f"{path} contains a NUL character (\\u0000), which can't be stored")
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            raise ValueError(f"{path} is not valid unicode (a lone surrogate)") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_text(key, path)
-            _check_text(item, f"{path}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_text(item, f"{path}[{i}]")
-
-
 def parse_json(raw: str | bytes) -> Any:
     """Strict JSON: no NaN/Infinity, nothing the database would refuse. Raises ValueError."""
     try:
@@ -228,7 +211,7 @@ def parse_json(raw: str | bytes) -> Any:
         raise ValueError("not valid JSON: nested too deeply") from None
     except ValueError as exc:  # also UnicodeDecodeError, and what the hooks above raise
         raise ValueError(f"not valid JSON: {exc}") from None
-    _check_text(value)
+    check_storable(value)
     return value
 
 
@@ -278,7 +261,7 @@ def _body(request: HttpRequest, fields: dict[str, Kind]) -> dict[str, Any]:
 def _text_param(request: HttpRequest, name: str) -> str:
     value = request.GET.get(name, "")
     try:
-        _check_text(value, name)
+        check_storable(value, name)
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
     return value

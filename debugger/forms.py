@@ -9,6 +9,7 @@ from django.db.models import Q, QuerySet
 
 from agentrun import inflight
 from agentrun.models import Event, Run, RunStatus, ToolCall
+from agentrun.storable import check_storable
 from debugger.diffs import SnapshotRef, SpecError
 
 SIDE_EFFECT_KINDS = ("write", "hybrid")
@@ -264,7 +265,12 @@ class ForkForm(forms.Form):
     confirm_live = forms.BooleanField(required=False)
 
     def clean_state(self) -> Any:
-        return parse_json(self.cleaned_data["state"])
+        state = parse_json(self.cleaned_data["state"])
+        try:
+            check_storable(state, "the state")
+        except ValueError as exc:
+            raise forms.ValidationError(f"{exc}.", code="text") from None
+        return state
 
 
 def _no_constant(name: str) -> Any:

@@ -216,13 +216,22 @@ def _back(request: HttpRequest, run: Run) -> HttpResponse:
 def cancel_run(request: HttpRequest, run_id: Any) -> HttpResponse:
     run = get_run_for(request, run_id, "operate")
     form = CancelForm(request.POST)
-    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    if not form.is_valid():
+        messages.error(request, f"Not cancelled: the reason {_form_problem(form)}")
+        return _back(request, run)
     try:
-        services.cancel_run(run, user=request.user, reason=reason)
+        services.cancel_run(run, user=request.user, reason=form.cleaned_data["reason"])
         messages.success(request, "Run cancelled; its reservations are being released.")
     except services.ActionError as exc:
         messages.error(request, f"Not cancelled: {exc}")
     return _back(request, run)
+
+
+def _form_problem(form: Any) -> str:
+    """The first problem of a small operator form, as the end of a sentence."""
+    errors = next(iter(form.errors.values()))
+    text = str(errors[0]).rstrip(".")
+    return f"was refused: {text[0].lower()}{text[1:]}."
 
 
 @role_required
@@ -231,7 +240,7 @@ def retry_step(request: HttpRequest, run_id: Any) -> HttpResponse:
     run = get_run_for(request, run_id, "operate")
     form = CancelForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Not retried: the reason is not valid text.")
+        messages.error(request, f"Not retried: the reason {_form_problem(form)}")
         return _back(request, run)
     try:
         services.retry_crashed_step(run, user=request.user, reason=form.cleaned_data["reason"])
@@ -247,7 +256,11 @@ def decide(request: HttpRequest, run_id: Any) -> HttpResponse:
     run = get_run_for(request, run_id, "operate")
     form = ApprovalForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Choose approve or reject.")
+        if "decision" in form.errors:
+            messages.error(request, "Choose approve or reject.")
+        else:
+            field = next(iter(form.errors))
+            messages.error(request, f"Not decided: the {field} {_form_problem(form)}")
         return _back(request, run)
     data = form.cleaned_data
     try:
