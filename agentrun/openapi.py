@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrun.models import ToolCallStatus
+
+# From the model, so the document can't fall behind a new status.
+TOOL_CALL_STATUSES = [str(s) for s in ToolCallStatus.values]
 RUN_STATUSES = ["queued", "running", "waiting", "succeeded", "failed", "cancelled"]
 # agentrun.inflight.STATES, in its order.
 INFLIGHT_STATES = [
@@ -276,19 +280,7 @@ SCHEMAS: dict[str, Any] = {
             "index": {"type": "integer"},
             "tool": {"type": "string"},
             "kind": {"enum": ["read", "write", "hybrid"]},
-            "status": {
-                "enum": [
-                    "planned",
-                    "awaiting_approval",
-                    "intent",
-                    "ok",
-                    "failed",
-                    "in_doubt",
-                    "compensated",
-                    "skipped",
-                    "rejected",
-                ]
-            },
+            "status": {"enum": TOOL_CALL_STATUSES},
             "idempotency_key": {
                 "type": "string",
                 "description": "{run_id}:{step}:{call_index}:{tool}:{args_hash}",

@@ -209,3 +209,11 @@ def test_every_documented_schema_reference_exists():
     doc = Client().get("/api/openapi.json").json()
     refs = set(re.findall(r"#/components/schemas/(\w+)", str(doc)))
     assert refs <= set(doc["components"]["schemas"])
+
+
+def test_the_openapi_document_lists_every_tool_call_status():
+    from agentrun.models import ToolCallStatus
+    from agentrun.openapi import document
+
+    schema = document()["components"]["schemas"]["ToolCall"]["properties"]["status"]
+    assert set(schema["enum"]) == set(ToolCallStatus.values)
