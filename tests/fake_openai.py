@@ -197,13 +197,24 @@ class FakeOpenAI:
         with self._lock:
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        try:
-            self._answer(handler, body)
-        finally:
-            with self._lock:
-                self.in_flight -= 1
+        counted = [True]
 
-    def _answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        def answered() -> None:
+            # Before the reply goes out: a client that has read it may send its next
+            # request at once, and must not find this one still counted.
+            with self._lock:
+                if counted:
+                    counted.clear()
+                    self.in_flight -= 1
+
+        try:
+            self._answer(handler, body, answered)
+        finally:
+            answered()
+
+    def _answer(
+        self, handler: BaseHTTPRequestHandler, body: bytes, answered: Callable[[], None]
+    ) -> None:
         path = handler.path.split("?", 1)[0]
         recorded = Recorded(
             method=handler.command,
@@ -227,12 +238,13 @@ class FakeOpenAI:
             if callable(scripted):
                 scripted = scripted(recorded)
             reply = scripted if isinstance(scripted, Reply) else Reply(200, scripted)
-        self._send(handler, reply)
+        self._send(handler, reply, answered)
 
     @staticmethod
-    def _send(handler: BaseHTTPRequestHandler, reply: Reply) -> None:
+    def _send(handler: BaseHTTPRequestHandler, reply: Reply, answered: Callable[[], None]) -> None:
         if reply.delay:
             time.sleep(reply.delay)
+        answered()
         if reply.drop:
             handler.close_connection = True
             handler.connection.close()
