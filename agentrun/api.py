@@ -408,21 +408,20 @@ def run_snapshot(request: HttpRequest, run_id: str, step: str, at: str) -> HttpR
 
 @api_view("POST")
 def run_cancel(request: HttpRequest, run_id: str) -> HttpResponse:
-    run = _get_run(run_id)
-    body = _body(request, {"reason": str})
-    try:
-        services.cancel_run(run, user=request.user, reason=body.get("reason", ""))
-    except services.ActionError as exc:
-        raise ApiError(409, str(exc)) from None
-    return JsonResponse(detail_json(_get_run(run_id)))
+    return _with_reason(request, run_id, services.cancel_run)
 
 
 @api_view("POST")
 def run_retry(request: HttpRequest, run_id: str) -> HttpResponse:
+    return _with_reason(request, run_id, services.retry_crashed_step)
+
+
+def _with_reason(request: HttpRequest, run_id: str, action: Any) -> HttpResponse:
+    """An operator's action on a run that takes only a reason; 409 if it doesn't apply."""
     run = _get_run(run_id)
     body = _body(request, {"reason": str})
     try:
-        services.retry_crashed_step(run, user=request.user, reason=body.get("reason", ""))
+        action(run, user=request.user, reason=body.get("reason", ""))
     except services.ActionError as exc:
         raise ApiError(409, str(exc)) from None
     return JsonResponse(detail_json(_get_run(run_id)))

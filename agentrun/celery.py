@@ -31,8 +31,13 @@ def _close_old_connections(**_: Any) -> None:
     close_old_connections()
 
 
-# The LLM client costs ~1.5 s to import: pay it when a worker starts, not in its first
-# hundred steps in flight, which would all wait on the import lock.
+# The LLM client costs ~1.5 s to import: start it when a worker starts, in the
+# background (the worker is ready meanwhile), not in its first hundred steps in flight.
 @worker_init.connect
 def _import_the_llm_client(**_: Any) -> None:
-    import openai  # noqa: F401
+    import importlib
+    import threading
+
+    threading.Thread(
+        target=importlib.import_module, args=("openai",), name="import-openai", daemon=True
+    ).start()

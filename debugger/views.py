@@ -214,16 +214,29 @@ def _back(request: HttpRequest, run: Run) -> HttpResponse:
 @role_required
 @require_POST
 def cancel_run(request: HttpRequest, run_id: Any) -> HttpResponse:
+    return _with_reason(
+        request,
+        run_id,
+        services.cancel_run,
+        "Run cancelled; its reservations are being released.",
+        "Not cancelled",
+    )
+
+
+def _with_reason(
+    request: HttpRequest, run_id: Any, action: Any, done: str, refused: str
+) -> HttpResponse:
+    """An operator's action on a run that takes only a reason for the audit log."""
     run = get_run_for(request, run_id, "operate")
     form = CancelForm(request.POST)
     if not form.is_valid():
-        messages.error(request, f"Not cancelled: the reason {_form_problem(form)}")
+        messages.error(request, f"{refused}: the reason {_form_problem(form)}")
         return _back(request, run)
     try:
-        services.cancel_run(run, user=request.user, reason=form.cleaned_data["reason"])
-        messages.success(request, "Run cancelled; its reservations are being released.")
+        action(run, user=request.user, reason=form.cleaned_data["reason"])
+        messages.success(request, done)
     except services.ActionError as exc:
-        messages.error(request, f"Not cancelled: {exc}")
+        messages.error(request, f"{refused}: {exc}")
     return _back(request, run)
 
 
@@ -237,17 +250,13 @@ def _form_problem(form: Any) -> str:
 @role_required
 @require_POST
 def retry_step(request: HttpRequest, run_id: Any) -> HttpResponse:
-    run = get_run_for(request, run_id, "operate")
-    form = CancelForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"Not retried: the reason {_form_problem(form)}")
-        return _back(request, run)
-    try:
-        services.retry_crashed_step(run, user=request.user, reason=form.cleaned_data["reason"])
-        messages.success(request, "The step will be tried again.")
-    except services.ActionError as exc:
-        messages.error(request, f"Not retried: {exc}")
-    return _back(request, run)
+    return _with_reason(
+        request,
+        run_id,
+        services.retry_crashed_step,
+        "The step will be tried again.",
+        "Not retried",
+    )
 
 
 @role_required

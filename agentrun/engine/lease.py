@@ -114,10 +114,6 @@ class _LeaseWatchdog:
             with self._lock:
                 self._steps.pop(key, None)
 
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._steps)
-
     def _run(self) -> None:
         while True:
             try:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import traceback
 from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
+from agentrun.engine.commit import failure_context
 from agentrun.engine.context import Claimed, Outcome, flush_pending, save_call
 from agentrun.engine.lease import guarded_update
 from agentrun.engine.queue import enqueue
@@ -22,7 +22,6 @@ from agentrun.models import (
     ToolCall,
     WaitReason,
 )
-from agentrun.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +98,9 @@ def note_crash(ctx: Claimed, exc: BaseException) -> None:
     """
     crashes = ctx.step.crashes + 1
     entry = {
+        **failure_context(ctx, exc, where="crash"),
         "worker": ctx.owner,
         "at": timezone.now().isoformat(),
-        "type": type(exc).__name__,
-        "message": str(exc)[:2000],
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
     }
     delay = crash_delay(crashes)
     for last_try in (False, True):
@@ -133,7 +130,7 @@ def _record_crash(ctx: Claimed, crashes: int, entry: dict[str, Any], delay: floa
         Step.objects.filter(pk=ctx.step.pk).update(
             status=StepStatus.WAITING,
             crashes=crashes,
-            crash_log=[*ctx.step.crash_log, redact(entry)],
+            crash_log=[*ctx.step.crash_log, entry],
         )
         record_event(
             "step_crashed",
@@ -141,7 +138,7 @@ def _record_crash(ctx: Claimed, crashes: int, entry: dict[str, Any], delay: floa
             step=ctx.step.number,
             payload={
                 "crashes": crashes,
-                "error": entry["message"],
+                "error": entry["message"][:2000],
                 "type": entry["type"],
                 "retry_in_s": delay,
             },
