@@ -311,8 +311,11 @@ def _tally(states: Iterable[str]) -> dict[str, int]:
     return {s.key: counted[s.key] for s in STATES}
 
 
-def _rows(now: datetime) -> Iterable[dict[str, Any]]:
-    return _active(now).values(
+def _rows(now: datetime, run_id: Any = None) -> Iterable[dict[str, Any]]:
+    active = _active(now)
+    if run_id is not None:
+        active = active.filter(pk=run_id)
+    return active.values(
         "id",
         "agent",
         "lease_owner",
@@ -326,6 +329,46 @@ def _rows(now: datetime) -> Iterable[dict[str, Any]]:
         # Only the calls: a decision also holds the raw LLM request and response.
         calls=F("cur__decision__calls"),
     )
+
+
+def explain(run_id: Any, now: datetime | None = None) -> str:
+    """Why a run is where it is, in a sentence with what to check: for `startrun --wait`
+    and anyone asking why a run isn't moving. "" when the run is not active."""
+    now = now or timezone.now()
+    rows = list(_rows(now, run_id))
+    if not rows:
+        return ""
+    item = _item(rows[0], now)
+    _attach_calls([item])
+    waited = f"{item.waited_s:.0f}s"
+    step = f"step {item.step}" + (f" (attempt {item.attempt})" if item.attempt > 1 else "")
+    if item.state == "queued":
+        if item.step_id is None:
+            return (
+                f"queued for {waited}: no worker has claimed {step} yet. Is a worker running "
+                "(`celery -A agentrun worker`, or `make up`) on this database and broker?"
+            )
+        return f"queued for {waited}: {step} waits for a worker to claim it again"
+    if item.state == "deciding":
+        return (
+            f"{step} on worker {item.worker}: waiting {waited} on the LLM (or the agent's policy)"
+        )
+    if item.state == "acting":
+        call = item.call
+        what = f"tool {call.tool} (attempt {call.attempt})" if call else "its tool calls"
+        return f"{step} on worker {item.worker}: running {what} for {waited}"
+    if item.state == "stalled":
+        return (
+            f"{step}: its worker {item.worker or '?'} stopped renewing the lease {waited} ago "
+            "(it died or hangs); the reconciler (a worker started with -B, or celery beat) "
+            "hands the step to another worker"
+        )
+    if item.state == "backoff":
+        wake = f"in {item.wake_in_s:.0f}s" if (item.wake_in_s or 0) > 0 else "now"
+        error = f" after: {item.call.error}" if item.call and item.call.error else ""
+        return f"{step} is backing off; tried again {wake}{error}"
+    state = BY_KEY[item.state]
+    return f"{step}: {state.meaning}" + (f": {item.error}" if item.error else "")
 
 
 def _item(row: dict[str, Any], now: datetime) -> Item:

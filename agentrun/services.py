@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agentrun import engine
+from agentrun import engine, storable
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.engine import compensate_run, enqueue
 from agentrun.events import record_event
@@ -39,6 +39,9 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None) -> Run:
     if not isinstance(agent_name, str) or not agent_name:
         raise InvalidInput("agent must be a non-empty string")
     agent = get_agent(agent_name)
+    problem = storable.shape_problem(input, text=True, what="input")
+    if problem:
+        raise InvalidInput(problem)
     size = len(json.dumps(input, default=str).encode())
     if size > settings.AGENTRUN_MAX_INPUT_BYTES:
         raise InvalidInput(
@@ -241,6 +244,11 @@ def fork_run(
     source_state = snapshots.load_state(source)
     new_state = source_state if state is None else state
     if state is not None:
+        problem = storable.shape_problem(
+            state, depth=storable.max_depth(state=True), text=True, what="state"
+        )
+        if problem:
+            raise ForkError(problem, "state")
         size = len(json.dumps(state, default=str).encode())
         if size > settings.AGENTRUN_MAX_INPUT_BYTES * 8:
             raise ForkError(f"state is {size} bytes; too large", "state")

@@ -246,6 +246,11 @@ AGENTRUN_AGENT_MODULES = [m.strip() for m in env("AGENTRUN_AGENT_MODULES").split
 AGENTRUN_FAULTS = env_bool("AGENTRUN_FAULTS", EMBEDDED)
 AGENTRUN_MAX_INPUT_BYTES = env_int("AGENTRUN_MAX_INPUT_BYTES", 1024 * 1024)
 AGENTRUN_MAX_STEPS = env_int("AGENTRUN_MAX_STEPS", 10_000)
+# JSON limits, the same at every entry (agentrun.storable): a value that goes into a state
+# (run input, tool arguments and results, a model's reply) nests at most this many levels
+# (a whole state 20 more), and a tool's result or a model's reply is at most this large.
+AGENTRUN_JSON_MAX_DEPTH = env_int("AGENTRUN_JSON_MAX_DEPTH", 64)
+AGENTRUN_JSON_MAX_BYTES = env_int("AGENTRUN_JSON_MAX_BYTES", 8 * 1024 * 1024)
 # A step that crashed this many times (an exception outside a tool, or its worker died
 # mid-step) is not tried again: its run waits for an operator.
 AGENTRUN_MAX_STEP_ATTEMPTS = env_int("AGENTRUN_MAX_STEP_ATTEMPTS", 5)

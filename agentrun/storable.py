@@ -1,28 +1,146 @@
-"""What the database can store: the one check for text arriving at any entry point."""
+"""What the database can store and the engine can execute: one policy for JSON at every entry.
+
+A JSON value arriving from outside passes one of two doors:
+
+- from a person (the API, the forms, the commands): `check_storable` refuses it,
+  naming the path, when it nests deeper than the limit, is too large, or holds
+  text the database can't store (PostgreSQL has no NUL in text or jsonb, UTF-8
+  has no lone surrogates). The person can fix it and send it again.
+- from a model or a tool (a decision, a tool's result or error, an exception's
+  message): nobody can be asked again without spending tokens or repeating a
+  side effect, so text is kept, escaped losslessly once where it arrives
+  (`escape`, `escape_text`), and only depth and size are refused
+  (`shape_problem`), which fails the step with that message.
+
+Limits: a value that goes into a state (run input, tool arguments and results, a
+model's reply) nests at most `AGENTRUN_JSON_MAX_DEPTH` levels; a whole state
+(a fork's edited state, the state a step leaves) may nest `STATE_ROOM` more, for
+the state's own structure around such values. Every walk here is iterative, and
+the engine's recursive code (hashing, deltas, redaction, the pages' JSON trees)
+stays far below Python's recursion limit at these depths.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
+from django.conf import settings
 
-def check_storable(value: Any, path: str = "$") -> None:
-    """Refuse strings the database can't store (PostgreSQL has no NUL in text or jsonb,
-    and UTF-8 has no lone surrogates). Raises ValueError naming the path."""
-    stack: list[tuple[Any, str]] = [(value, path)]
+# Levels a state adds around the values stored in it (history[i].tool_calls[j]...).
+STATE_ROOM = 20
+
+# Escaped text: U+241B (SYMBOL FOR ESCAPE, shown as "␛") + "u" + four hex digits, for
+# each NUL, lone surrogate and U+241B itself, so that unescape_text gives back exactly
+# what the model or tool sent, and the escape is visible wherever the text is shown.
+ESCAPE = "\u241b"
+_UNSTORABLE = re.compile("[\x00\u241b\ud800-\udfff]")
+_ESCAPED = re.compile("\u241bu([0-9a-f]{4})")
+
+
+def max_depth(*, state: bool = False) -> int:
+    depth: int = settings.AGENTRUN_JSON_MAX_DEPTH
+    return depth + STATE_ROOM if state else depth
+
+
+def escape_text(text: str) -> str:
+    """`text` with what the database can't hold escaped losslessly (see ESCAPE)."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return _UNSTORABLE.sub(lambda m: f"{ESCAPE}u{ord(m.group()):04x}", text)
+
+
+def escape(value: Any) -> Any:
+    """`value` with escape_text applied to every string and key (a copy of its lists and
+    objects). Apply it once, where text arrives from a model or a tool: escaping what is
+    already escaped escapes it again, which is what makes it lossless. Recursive: call it
+    on values whose depth shape_problem has checked."""
+    if isinstance(value, str):
+        return escape_text(value)
+    if isinstance(value, dict):
+        return {(escape_text(k) if isinstance(k, str) else k): escape(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [escape(v) for v in value]
+    return value
+
+
+def unescape_text(text: str) -> str:
+    """The text as it was sent, from its escaped form."""
+    if ESCAPE not in text:
+        return text
+    return _ESCAPED.sub(lambda m: chr(int(m.group(1), 16)), text)
+
+
+def _text_problem(text: str, where: str) -> str | None:
+    if "\x00" in text:
+        return f"{where} contains a NUL character (\\u0000), which can't be stored"
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return f"{where} is not valid unicode (a lone surrogate)"
+    return None
+
+
+def _short(where: str) -> str:
+    return where if len(where) <= 80 else f"{where[:40]}…{where[-30:]}"
+
+
+def shape_problem(
+    value: Any, *, depth: int | None = None, text: bool = False, what: str = "$"
+) -> str | None:
+    """Why `value` can't be stored and executed, or None.
+
+    Checks nesting (at most `depth` levels, the policy's limit by default) and,
+    with `text`, strings the database can't store (keys included).
+    """
+    limit = max_depth() if depth is None else depth
+    stack: list[tuple[Any, str, int]] = [(value, what, 0)]
     while stack:  # iterative: deep input must not overflow the stack
-        item, where = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                raise ValueError(
-                    f"{where} contains a NUL character (\\u0000), which can't be stored"
+        item, where, level = stack.pop()
+        if isinstance(item, dict | list):
+            if level >= limit:
+                return (
+                    f"{_short(where)} nests deeper than {limit} levels, the limit "
+                    "(AGENTRUN_JSON_MAX_DEPTH)"
                 )
-            try:
-                item.encode()
-            except UnicodeEncodeError:
-                raise ValueError(f"{where} is not valid unicode (a lone surrogate)") from None
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                stack.append((key, where))
-                stack.append((child, f"{where}.{key}"))
-        elif isinstance(item, list):
-            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if text and isinstance(key, str):
+                        problem = _text_problem(key, f"a key in {_short(where)}")
+                        if problem:
+                            return problem
+                    stack.append((child, f"{where}.{key}", level + 1))
+            else:
+                stack.extend((child, f"{where}[{i}]", level + 1) for i, child in enumerate(item))
+        elif text and isinstance(item, str):
+            problem = _text_problem(item, _short(where))
+            if problem:
+                return problem
+    return None
+
+
+def size_problem(value: Any, limit: int, what: str = "the value") -> str | None:
+    """Why `value` is not JSON or too large, or None (call after shape_problem: this recurses)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:  # a set, a datetime, NaN...
+        return f"{what} is not JSON: {exc}"
+    size = len(text.encode("utf-8", "replace"))
+    if size > limit:
+        return f"{what} is {size} bytes of JSON; the limit is {limit} (AGENTRUN_JSON_MAX_BYTES)"
+    return None
+
+
+def check_storable(value: Any, path: str = "$", *, depth: int | None = None) -> None:
+    """Refuse what a person sent that can't be stored or executed: too deep, or text
+    the database can't hold. Raises ValueError naming the path.
+
+    The depth defaults to what a request body may hold (a whole state, one level
+    down); the services check each part against its own limit.
+    """
+    limit = max_depth(state=True) + 1 if depth is None else depth
+    problem = shape_problem(value, depth=limit, text=True, what=path)
+    if problem:
+        raise ValueError(problem)

@@ -157,7 +157,7 @@ class _Renderer:
     def string(self, value: str) -> tuple[str, str, str]:
         meta = f"string · {len(value):,} chars"
         if len(value) <= STRING_PREVIEW and "\n" not in value:
-            return f'<span class="jt-val jt-string">"{e(value)}"</span>', meta, ""
+            return f'<span class="jt-val jt-string">"{mark_escapes(e(value))}"</span>', meta, ""
         first = value.split("\n", 1)[0][:STRING_PREVIEW]
         cut = (
             ""
@@ -166,9 +166,9 @@ class _Renderer:
         )
         more = (
             f'<details class="jt-more"><summary>show all</summary>'
-            f'<pre class="jt-pre">{e(value[:STRING_FULL_LIMIT])}{cut}</pre></details>'
+            f'<pre class="jt-pre">{mark_escapes(e(value[:STRING_FULL_LIMIT]))}{cut}</pre></details>'
         )
-        return f'<span class="jt-val jt-string">"{e(first)}…"</span>', meta, more
+        return f'<span class="jt-val jt-string">"{mark_escapes(e(first))}…"</span>', meta, more
 
     def container(
         self,
@@ -226,6 +226,24 @@ class _Renderer:
 
 
 PEEK_CHARS = 90
+
+
+_ESCAPED = re.compile("\u241bu([0-9a-f]{4})")
+
+
+def _mark(match: re.Match[str]) -> str:
+    code = match.group(1).upper()
+    what = "a NUL" if code == "0000" else "a lone surrogate" if code[0] == "D" else "this sign"
+    return (
+        f'<mark class="esc" title="Sent as U+{code} ({what}), which the database can\'t '
+        f'store: kept escaped">{match.group(0)}</mark>'
+    )
+
+
+def mark_escapes(html: str) -> str:
+    """Highlight the escapes of agentrun.storable in already-escaped HTML, so an operator
+    sees where a model or a tool sent text the database can't hold."""
+    return _ESCAPED.sub(_mark, html) if "\u241b" in html else html
 
 
 def peek(value: Any, limit: int = PEEK_CHARS) -> str:

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agentrun import rawsql
+from agentrun import rawsql, storable
 from agentrun.agents import Call, CallResult
 from agentrun.engine.commit import fail_step, failure_context
 from agentrun.engine.compensate import compensate_run
@@ -43,9 +43,15 @@ from agentrun.models import (
     WaitReason,
 )
 from agentrun.redact import redact
+from agentrun.storable import escape_text
 from agentrun.tools import Tool, ToolContext, get_tool
 
 log = logging.getLogger(__name__)
+
+
+class ResultRefused(Exception):
+    """A tool's result that can't be stored (too deep or too large): the call failed for
+    good, and its message says that it ran."""
 
 
 def act_on_call(ctx: Claimed, call: Call, tc: ToolCall) -> CallResult | Outcome:
@@ -162,6 +168,12 @@ def _invoke(ctx: Claimed, call: Call, tc: ToolCall, t: Tool) -> CallResult | Out
         error: BaseException | None = None
     except BaseException as exc:  # noqa: BLE001 — every failure is recorded
         result, error = None, exc
+    if error is None:
+        problem = storable.shape_problem(result, what="the result") or storable.size_problem(
+            result, settings.AGENTRUN_JSON_MAX_BYTES, "the result"
+        )
+        if problem:
+            result, error = None, ResultRefused(f"{tc.tool} ran, but {problem}")
     duration = (time.perf_counter() - started) * 1000
     if tc.attempts[-1].get("fault") == "crash_after":
         log.warning("fault crash_after %s: exiting", tc.idempotency_key)
@@ -171,7 +183,7 @@ def _invoke(ctx: Claimed, call: Call, tc: ToolCall, t: Tool) -> CallResult | Out
         tc.attempts[-1]["error"] = None
         tc.status, tc.result, tc.error, tc.finished_at = (
             ToolCallStatus.OK,
-            redact(result),
+            redact(storable.escape(result)),  # escaped once, here
             "",
             timezone.now(),
         )
@@ -206,7 +218,7 @@ def _failed_attempt(
         error, (TimeoutError, ConnectionError)
     )
     attempt = len(tc.attempts)
-    message = f"{type(error).__name__}: {error}"
+    message = escape_text(f"{type(error).__name__}: {error}")
     tc.attempts[-1]["error"] = message
     tc.error = message
     if isinstance(error, Abandoned):

@@ -27,6 +27,7 @@ from agentrun.models import (
     ToolCall,
 )
 from agentrun.redact import redact
+from agentrun.storable import escape, escape_text
 
 
 def failure_context(
@@ -43,13 +44,13 @@ def failure_context(
         "step": ctx.step.number,
         "where": where,
         "type": type(exc).__name__,
-        "message": str(exc),
+        "message": escape_text(str(exc)),
         "tool": tool,
-        "traceback": tb[-8000:],
-        "input": input,
+        "traceback": escape_text(tb[-8000:]),
+        "input": input,  # what the step had: stored already, escaped where it arrived
     }
     if detail is not None:
-        failure["detail"] = detail
+        failure["detail"] = escape(detail)
     return redact(failure)
 
 
@@ -58,15 +59,34 @@ def commit_step(ctx: Claimed, decision: Decision, results: list[CallResult]) -> 
         post_state = ctx.agent.update(ctx.pre_state, decision, results, ctx.sctx)
     except Exception as exc:  # the agent's own bug: this step is the failure, not a crash loop
         return fail_step(ctx, failure_context(ctx, exc, where="update"))
+    try:
+        # A state the agent's own schema refuses would fail the next step's decide,
+        # and every one after it: it is refused here, at the step that produced it.
+        ctx.agent.validate_state(post_state)
+    except ValueError as exc:
+        failure = failure_context(ctx, exc, where="update")
+        failure["message"] = redact(
+            f"step {ctx.step.number}'s update left a state the agent's schema refuses: {exc}"
+        )
+        return fail_step(ctx, failure)
     finished = decision.final is not None
-    return _write_post(
-        ctx,
-        post_state,
-        StepStatus.SUCCEEDED,
-        RunStatus.SUCCEEDED if finished else RunStatus.RUNNING,
-        final=decision.final,
-        decision=decision,
-    )
+    try:
+        return _write_post(
+            ctx,
+            post_state,
+            StepStatus.SUCCEEDED,
+            RunStatus.SUCCEEDED if finished else RunStatus.RUNNING,
+            final=decision.final,
+            decision=decision,
+        )
+    except (UnicodeEncodeError, RecursionError) as exc:
+        # Text that isn't UTF-8 (a lone surrogate the agent's code made) or a state
+        # nested past Python's limits: nothing was written, and no retry would differ.
+        failure = failure_context(ctx, exc, where="update")
+        failure["message"] = redact(
+            f"step {ctx.step.number}'s update left a state that can't be stored: {exc}"
+        )
+        return fail_step(ctx, failure)
 
 
 def fail_step(ctx: Claimed, failure: dict[str, Any]) -> Outcome:
@@ -78,7 +98,7 @@ def fail_step(ctx: Claimed, failure: dict[str, Any]) -> Outcome:
     try:
         post_state = ctx.agent.fail(ctx.pre_state, failure, ctx.sctx)
     except Exception as exc:
-        failure = {**failure, "fail_error": f"{type(exc).__name__}: {exc}"[:2000]}
+        failure = {**failure, "fail_error": escape_text(f"{type(exc).__name__}: {exc}"[:2000])}
         post_state = ctx.pre_state
     outcome = _write_post(ctx, post_state, StepStatus.FAILED, RunStatus.FAILED, failure=failure)
     if outcome.status == "failed":

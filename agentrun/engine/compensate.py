@@ -12,6 +12,7 @@ from agentrun.models import (
     ToolCallStatus,
 )
 from agentrun.redact import redact
+from agentrun.storable import escape, escape_text
 from agentrun.tools import ToolContext, get_tool
 
 
@@ -31,7 +32,7 @@ def compensate_run(run: Run) -> int:
                 "status": "ok",
                 "at": timezone.now().isoformat(),
                 "key": key,
-                "result": redact(outcome),
+                "result": redact(escape(outcome)),
             }
             tc.status = ToolCallStatus.COMPENSATED
             done += 1
@@ -40,7 +41,7 @@ def compensate_run(run: Run) -> int:
                 "status": "failed",
                 "at": timezone.now().isoformat(),
                 "key": key,
-                "error": f"{type(exc).__name__}: {exc}",
+                "error": escape_text(f"{type(exc).__name__}: {exc}"),
             }
         with transaction.atomic():
             tc.save(update_fields=["status", "compensation"])

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agentrun import delta, rawsql
+from agentrun import delta, rawsql, storable
 from agentrun.agents import Agent, AgentError, Call, Decision
 from agentrun.engine.commit import fail_step, failure_context
 from agentrun.engine.context import (
@@ -60,11 +62,17 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
         release_connection()
         with WATCHDOG.watching(ctx):
             decision = ctx.agent.decide(ctx.pre_state, ctx.sctx)
-        problem = _check_decision(ctx.agent, decision)
+        problem = _shape_problem(decision) or _check_decision(ctx.agent, decision)
     except AgentError as exc:
         retry = _decide_retry(ctx, exc)
         if retry is not None:
-            return back_off(ctx, None, retry, f"decide: {exc}", retry_after=exc.retry_after)
+            return back_off(
+                ctx,
+                None,
+                retry,
+                storable.escape_text(f"decide: {exc}"),
+                retry_after=exc.retry_after,
+            )
         return fail_step(ctx, failure_context(ctx, exc, where="decide", detail=exc.detail))
     except Exception as exc:
         return fail_step(ctx, failure_context(ctx, exc, where="decide"))
@@ -77,11 +85,12 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
                 "message": problem,
                 "tool": None,
                 "traceback": "",
-                "input": redact(decision.to_dict()),
+                "input": _preview(decision),
             },
         )
     latency = (time.perf_counter() - started) * 1000
-    stored = redact(decision.to_dict())
+    # Escaped once, here: text the database can't hold, kept as the model sent it.
+    stored = redact(storable.escape(decision.to_dict()))
     llm = decision.llm or {}
     now = timezone.now()
     write = lease_guard(ctx, now)
@@ -97,6 +106,8 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
             "llm_latency_ms": llm.get("latency_ms", latency),
         },
     )
+    # Work on exactly what was stored, as a retry would.
+    decision = Decision.from_dict(sorted_keys(stored))
     ctx.calls = [_planned_call(ctx, i, call) for i, call in enumerate(decision.calls)]
     # Calls that must be on record before they run: side effects (their intent)
     # and calls awaiting approval. A read call's row is written with its result.
@@ -117,8 +128,7 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
     for tc, pk in zip(early, ids[: len(early)], strict=True):
         mark_saved(tc, pk)
     ctx.read_hits = {tc.index: v for tc, v in zip(cacheable, ids[len(early) :], strict=True)}
-    # Work on exactly what was stored, as a retry would.
-    return Decision.from_dict(sorted_keys(stored))
+    return decision
 
 
 def _decide_retry(ctx: Claimed, exc: AgentError) -> float | None:
@@ -181,6 +191,35 @@ def _replay_decision(ctx: Claimed) -> Decision | None:
             [_planned_call(ctx, i, call) for i, call in enumerate(decision.calls)]
         )
     return decision
+
+
+def _shape_problem(decision: Decision) -> str | None:
+    """Why a decision can't be stored as it is (too deep, too large), or None.
+
+    Text the database can't hold is no problem: redaction escapes it. The step
+    fails instead of asking the model again, which would spend tokens for nothing.
+    """
+    for i, call in enumerate(decision.calls):
+        problem = storable.shape_problem(call.args, what=f"calls[{i}].args")
+        if problem:
+            return f"the decision can't be stored: {problem}"
+    whole = decision.to_dict()
+    problem = storable.shape_problem(whole, depth=storable.max_depth(state=True), what="decision")
+    problem = problem or storable.size_problem(
+        whole, settings.AGENTRUN_JSON_MAX_BYTES, "the decision"
+    )
+    return None if problem is None else f"the decision can't be stored: {problem}"
+
+
+def _preview(decision: Decision, limit: int = 4000) -> Any:
+    """The decision as a failure keeps it: whole if it can be stored, else its text's start."""
+    if _shape_problem(decision) is None:
+        return redact(storable.escape(decision.to_dict()))
+    try:
+        text = json.dumps(decision.to_dict(), ensure_ascii=False, default=str)
+    except (RecursionError, ValueError):
+        text = "(nested too deeply to show)"
+    return redact(storable.escape_text(text[:limit] + ("…" if len(text) > limit else "")))
 
 
 def _check_decision(agent: Agent, decision: Decision) -> str | None:

@@ -8,8 +8,9 @@ from datetime import timedelta
 from typing import Any
 
 from django import template
+from django.utils.safestring import mark_safe
 
-from debugger.jsontree import human_bytes
+from debugger.jsontree import human_bytes, mark_escapes
 
 register = template.Library()
 
@@ -151,3 +152,11 @@ def compare_rows(cmp: Any, step_url: str, selected: int | None) -> str:
     from debugger.compare import rows_html
 
     return rows_html(cmp, step_url, selected)
+
+
+@register.filter
+def escapes(value: Any) -> str:
+    """Text with agentrun.storable's escapes (␛u0000...) highlighted; the rest HTML-escaped."""
+    from django.utils.html import conditional_escape
+
+    return mark_safe(mark_escapes(str(conditional_escape(value))))  # noqa: S308 — escaped above

@@ -132,7 +132,7 @@ def test_startrun_wait_stops_at_an_approval_and_exits_2(monkeypatch):
     code, lines = wait_for(calls({"tool": "echo", "args": {}, "approval": True}), final())
 
     assert code == 2
-    assert lines[1] == "waiting (approval)"
+    assert lines[1] == "waiting (approval): step 1: an operator approves or rejects a call"
 
 
 def test_startrun_wait_gives_up_after_the_timeout_and_exits_3():
@@ -150,7 +150,12 @@ def test_startrun_wait_gives_up_after_the_timeout_and_exits_3():
         )
 
     assert exc.value.code == 3
-    assert out.getvalue().splitlines()[1] == "timeout: still queued after 0.2s"
+    line = out.getvalue().splitlines()[1]
+    assert line.startswith("timeout: still queued after 0.2s: queued for ")
+    assert line.endswith(
+        "no worker has claimed step 1 yet. Is a worker running (`celery -A agentrun worker`, "
+        "or `make up`) on this database and broker?"
+    )
 
 
 # --- adduser and apitoken -----------------------------------------------------------

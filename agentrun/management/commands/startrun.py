@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentrun import services
+from agentrun import inflight, services
 from agentrun.agents import InvalidInput
 from agentrun.api import parse_json
 from agentrun.models import Run, RunStatus
@@ -39,7 +39,8 @@ def status_line(run: Run) -> str:
     if run.status == RunStatus.FAILED:
         return f"failed: {run.error}"
     if run.status == RunStatus.WAITING:
-        return f"waiting ({run.wait_reason})"
+        why = inflight.explain(run.pk)
+        return f"waiting ({run.wait_reason})" + (f": {why}" if why else "")
     return str(run.status)
 
 
@@ -86,7 +87,10 @@ class Command(BaseCommand):
             return
         done = wait_for(run, timeout)
         if done is None:
-            self.stdout.write(f"timeout: still {run.status} after {timeout:g}s")
+            why = inflight.explain(run.pk)
+            self.stdout.write(
+                f"timeout: still {run.status} after {timeout:g}s" + (f": {why}" if why else "")
+            )
             raise SystemExit(EXIT_TIMEOUT)
         self.stdout.write(status_line(done))
         if done.status == RunStatus.WAITING:
