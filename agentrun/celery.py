@@ -41,3 +41,12 @@ def _import_the_llm_client(**_: Any) -> None:
     threading.Thread(
         target=importlib.import_module, args=("openai",), name="import-openai", daemon=True
     ).start()
+
+
+@worker_init.connect
+def _switch_interval(**_: Any) -> None:
+    import sys
+
+    value = os.environ.get("AGENTRUN_SWITCH_INTERVAL")
+    if value:
+        sys.setswitchinterval(float(value))

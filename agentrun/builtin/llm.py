@@ -100,22 +100,45 @@ def tool_definitions(names: list[str]) -> list[dict[str, Any]]:
     return definitions
 
 
-_HTTP: tuple[int, Any] | None = None
 _HTTP_LOCK = threading.Lock()
+_TLS: tuple[int, Any] | None = None
+# Each thread its own client and connection pool: one pool shared by hundreds of
+# threads serialised them on its lock (httpcore assigns requests to connections under
+# it, in time that grows with the requests waiting), so steps waited in line for
+# their turn to wait on the model.
+_LOCAL = threading.local()
 
 
-def _http_client() -> Any:
-    """The process's shared HTTP connection pool (building one costs ~100 ms of TLS setup).
+def _tls_context() -> Any:
+    """The process's TLS settings, built once (~20 ms) and shared by every client."""
+    import httpx2
 
-    Re-created after a fork: a Celery prefork child must not share its parent's sockets.
-    """
+    global _TLS
+    with _HTTP_LOCK:
+        if _TLS is None or _TLS[0] != os.getpid():
+            _TLS = (os.getpid(), httpx2.create_ssl_context())
+        return _TLS[1]
+
+
+def _client(key: str, base_url: str, timeout: float) -> Any:
+    """This thread's API client for (key, base URL, timeout), over this thread's
+    connection pool; re-created after a fork (a prefork child must not share its
+    parent's sockets) and when the key, URL or timeout changed."""
     import openai  # imported on first use: it costs ~1.4 s at every process start
 
-    global _HTTP
-    with _HTTP_LOCK:
-        if _HTTP is None or _HTTP[0] != os.getpid() or _HTTP[1].is_closed:
-            _HTTP = (os.getpid(), openai.DefaultHttpxClient())
-        return _HTTP[1]
+    pid = os.getpid()
+    cached = getattr(_LOCAL, "client", None)
+    fresh = cached is not None and not cached[1]._client.is_closed
+    if fresh and cached[0] == (pid, key, base_url, timeout):
+        return cached[1]
+    http = openai.DefaultHttpxClient(verify=_tls_context())
+    client = openai.OpenAI(
+        api_key=key, base_url=base_url, timeout=timeout, max_retries=0, http_client=http
+    )
+    if cached is not None:
+        cached[1].close()
+    _LOCAL.client = ((pid, key, base_url, timeout), client)
+    return client
 
 
 _SLOTS: tuple[int, int, threading.BoundedSemaphore] | None = None
@@ -319,15 +342,7 @@ class LLMAgent(StateAgent):
         with _request_slots():
             started = time.perf_counter()
             try:
-                # A client per call holds the key only for this call; the connection
-                # pool underneath is shared and holds no credentials.
-                client = openai.OpenAI(
-                    api_key=key,
-                    base_url=base_url,
-                    timeout=timeout,
-                    max_retries=0,
-                    http_client=_http_client(),
-                )
+                client = _client(key, base_url, timeout)
                 # The raw POST: the SDK's typed `create` spends ~0.7 ms of CPU per
                 # request re-validating a body that is plain JSON already.
                 raw = client.post("/chat/completions", body=kwargs, cast_to=httpx2.Response)

@@ -14,7 +14,14 @@ from agentrun import hashing, rawsql, snapshots
 from agentrun.agents import CallResult, Decision
 from agentrun.engine.cache import cache_put
 from agentrun.engine.compensate import compensate_run
-from agentrun.engine.context import CALL_FIELDS, Claimed, LeaseLost, Outcome, mark_saved
+from agentrun.engine.context import (
+    CALL_FIELDS,
+    Claimed,
+    LeaseLost,
+    Outcome,
+    mark_saved,
+    release_connection,
+)
 from agentrun.engine.lease import lease_expiry, run_update
 from agentrun.engine.queue import enqueue
 from agentrun.models import (
@@ -207,6 +214,9 @@ def _write_post(
         raise LeaseLost(str(exc)) from exc
     if ids is None:
         raise LeaseLost(f"commit of step {number} refused")
+    # Until its next write (a chained step's decision comes after a model call), the
+    # step needs no connection: another step in this process can have it.
+    release_connection()
     mark_saved(snap, ids[0])
     for tc, pk in zip(new_calls, ids[1 : 1 + len(new_calls)], strict=True):
         mark_saved(tc, pk)

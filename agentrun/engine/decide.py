@@ -128,6 +128,8 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
     for tc, pk in zip(early, ids[: len(early)], strict=True):
         mark_saved(tc, pk)
     ctx.read_hits = {tc.index: v for tc, v in zip(cacheable, ids[len(early) :], strict=True)}
+    # The tools and the agent's update run without a connection; the commit takes one.
+    release_connection()
     return decision
 
 
