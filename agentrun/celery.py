@@ -4,7 +4,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_init
+from celery.signals import task_postrun, task_prerun, worker_init, worker_ready
 from kombu.transport import TRANSPORT_ALIASES
 
 # "filesystem://" (the embedded default) gets the atomic-write variant.
@@ -31,22 +31,32 @@ def _close_old_connections(**_: Any) -> None:
     close_old_connections()
 
 
-# The LLM client costs ~1.5 s to import: start it when a worker starts, in the
-# background (the worker is ready meanwhile), not in its first hundred steps in flight.
+# The LLM client costs ~1.5 s to import and its TLS settings ~20 ms to build: both
+# happen when a worker starts, in the background (the worker is ready meanwhile), not
+# in its first hundred steps in flight.
+def _prepare_the_llm_client() -> None:
+    from agentrun.builtin import llm
+
+    llm.prepare()
+
+
 @worker_init.connect
-def _import_the_llm_client(**_: Any) -> None:
-    import importlib
+def _start_preparing_the_llm_client(**_: Any) -> None:
     import threading
 
-    threading.Thread(
-        target=importlib.import_module, args=("openai",), name="import-openai", daemon=True
-    ).start()
+    threading.Thread(target=_prepare_the_llm_client, name="prepare-llm", daemon=True).start()
 
 
-@worker_init.connect
-def _switch_interval(**_: Any) -> None:
-    import sys
-
-    value = os.environ.get("AGENTRUN_SWITCH_INTERVAL")
-    if value:
-        sys.setswitchinterval(float(value))
+# Celery's threads pool starts a thread per task until it has `concurrency` of them,
+# and the consumer waits for each new thread to run before it takes the next message:
+# under load every start waits its turn for the GIL, and a burst of new runs queued
+# behind them. Started all at once, before the first message, they cost nothing later.
+@worker_ready.connect
+def _start_the_pool_threads(sender: Any = None, **_: Any) -> None:
+    executor = getattr(getattr(sender, "pool", None), "executor", None)
+    start_one = getattr(executor, "_adjust_thread_count", None)  # CPython's executor
+    if start_one is None:
+        return
+    # Each call starts a thread while none is idle and the pool is not full yet.
+    for _ in range(executor._max_workers):
+        start_one()

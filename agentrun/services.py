@@ -48,15 +48,24 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None) -> Run:
             f"input is {size} bytes; the limit is {settings.AGENTRUN_MAX_INPUT_BYTES}"
         )
     agent.validate_input(input)
+    from agentrun import snapshots
+
+    stored = redact(input)
+    # The first pre snapshot is written with the run: the worker's claim then finds it
+    # in its one statement, instead of building it while holding a connection.
+    state = agent.initial_state(stored)
     with transaction.atomic():
         run = Run.objects.create(
             agent=agent.name,
             agent_version=agent.version,
-            input=redact(input),
+            input=stored,
             created_by=user,
         )
+        snap, node = snapshots.build(run.pk, run.next_step, "pre", state, None, None)
+        snap.save()
         record_event("run_created", run=run, user=user, payload={"agent": agent.name})
         enqueue(run.pk, run.next_step)
+    engine.remember_state(run.pk, snap, state, node)
     return run
 
 

@@ -109,6 +109,13 @@ _TLS: tuple[int, Any] | None = None
 _LOCAL = threading.local()
 
 
+def prepare() -> None:
+    """Import the SDK and build the TLS settings (a worker does it as it starts)."""
+    import openai  # noqa: F401
+
+    _tls_context()
+
+
 def _tls_context() -> Any:
     """The process's TLS settings, built once (~20 ms) and shared by every client."""
     import httpx2
@@ -387,7 +394,7 @@ class LLMAgent(StateAgent):
             llm["tokens_out"] = message_tokens(_first_message(response) or {})
             llm["tokens_estimated"] = True
         decision.llm = llm
-        log.info(
+        log.debug(
             "llm %s step %s of %s: %s, %s tokens in, %s out, %.0f ms",
             model,
             ctx.step,
