@@ -232,11 +232,12 @@ _ESCAPED = re.compile("\u241bu([0-9a-f]{4})")
 
 
 def _mark(match: re.Match[str]) -> str:
-    code = match.group(1).upper()
-    what = "a NUL" if code == "0000" else "a lone surrogate" if code[0] == "D" else "this sign"
+    code = match.group(1)
+    what = "a NUL" if code == "0000" else "a lone surrogate" if code[0] == "d" else "this sign"
+    # Shown as \uXXXX (every font has it; many lack the escape sign itself).
     return (
-        f'<mark class="esc" title="Sent as U+{code} ({what}), which the database can\'t '
-        f'store: kept escaped">{match.group(0)}</mark>'
+        f'<mark class="esc" title="Sent as U+{code.upper()} ({what}), which the database '
+        f'can\'t store: kept escaped as {match.group(0)}">\\u{code}</mark>'
     )
 
 
