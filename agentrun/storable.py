@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The rule as a JSON Schema pattern, for API documents: no NUL. (A lone surrogate is
+#: no Unicode at all: JSON Schema's strings can't hold one, so no pattern can name it.)
+TEXT_PATTERN = r"^[^\u0000]*$"
+
 
 def check_storable(value: Any, path: str = "$") -> None:
     """Refuse strings the database can't store (PostgreSQL has no NUL in text or jsonb,
