@@ -62,6 +62,14 @@ class Response(BaseModel):
 
 
 class CreateRun(Request):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"agent": "scripted", "input": {"goal": "greet", "steps": [{"final": "hi"}]}}
+            ]
+        }
+    )
+
     agent: Annotated[
         Text,
         Field(
@@ -74,10 +82,16 @@ class CreateRun(Request):
 
 
 class Reason(Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "wrong customer"}]})
+
     reason: Text = Field("", description="Why; recorded in the audit trail.")
 
 
 class Approve(Request):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"decision": "approve", "comment": "checked the amount"}]}
+    )
+
     decision: Literal["approve", "reject"]
     comment: Text = Field("", description="Why; recorded in the audit trail.")
     resolution: Literal["retry", "mark_done"] | None = Field(
@@ -87,6 +101,12 @@ class Approve(Request):
 
 
 class Fork(Request):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"step": 2, "at": "pre", "mode": "sandbox", "reason": "look again"}]
+        }
+    )
+
     step: int = Field(
         description="The step whose snapshot to fork from.",
         # Checked by services.fork_run and api.fork_run, which say why in the
