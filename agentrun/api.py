@@ -12,8 +12,6 @@ agentrun.services and render.
 
 from __future__ import annotations
 
-import json
-import math
 import uuid
 from datetime import timedelta
 from typing import Annotated, Any
@@ -40,7 +38,7 @@ from agentrun.models import (
     ToolCall,
 )
 from agentrun.roles import can_operate, role_of
-from agentrun.storable import TEXT_PATTERN, check_storable
+from agentrun.storable import TEXT_PATTERN, parse_json
 
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
@@ -49,40 +47,6 @@ MAX_STEP = s.MAX_STEP
 FORK_FIELDS = s.FORK_FIELDS
 # Writing last_used_at on every request would turn each read into a write.
 TOKEN_TOUCH_EVERY = timedelta(minutes=1)
-
-
-# --- JSON in -----------------------------------------------------------------------------
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number out of range: {text[:50]}")
-    return value
-
-
-def _integer(text: str) -> int:
-    if len(text) > 100:
-        raise ValueError(f"integer too long ({len(text)} digits)")
-    return int(text)
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed")
-
-
-def parse_json(raw: str | bytes) -> Any:
-    """Strict JSON: no NaN/Infinity, nothing the database would refuse. Raises ValueError."""
-    try:
-        value = json.loads(
-            raw, parse_float=_finite, parse_int=_integer, parse_constant=_no_constants
-        )
-    except RecursionError:
-        raise ValueError("not valid JSON: nested too deeply") from None
-    except ValueError as exc:  # also UnicodeDecodeError, and what the hooks above raise
-        raise ValueError(f"not valid JSON: {exc}") from None
-    check_storable(value)
-    return value
 
 
 # --- who is calling -------------------------------------------------------------------------

@@ -300,8 +300,9 @@ def _problem(name: str, schema: dict[str, Any], error: Any, *, quote: bool) -> s
 
 
 def _hint(schema: dict[str, Any]) -> str:
-    """ ": the step whose snapshot to fork from": the member's description, as a hint."""
-    description = schema.get("description", "").rstrip(".")
+    """A hint from the member's description (its first sentence), for a message:
+    ": the step whose snapshot to fork from"."""
+    description = schema.get("description", "").split(". ")[0].rstrip(".")
     return f": {description[:1].lower()}{description[1:]}" if description else ""
 
 

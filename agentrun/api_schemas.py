@@ -42,6 +42,12 @@ def one_of(values: Any) -> Any:
     return Literal[tuple(str(v) for v in values)]  # type: ignore[valid-type]
 
 
+#: What agentrun.storable.parse_json refuses anywhere in a body, for free-form objects
+#: (the members' own schemas say it with a pattern).
+STORABLE_JSON = (
+    "Its strings and keys hold no NUL (\\u0000) and no lone surrogate; its numbers are "
+    "finite, its integers at most 100 digits long."
+)
 #: Text the database can store (agentrun.storable checks every request before this does).
 Text = Annotated[str, StringConstraints(pattern=TEXT_PATTERN)]
 At = Literal["pre", "post"]
@@ -75,10 +81,12 @@ class CreateRun(Request):
         Field(
             min_length=1,
             max_length=AGENT_MAX_LENGTH,
-            description="A registered agent, e.g. `scripted`.",
+            description="A registered agent, such as `scripted`.",
         ),
     ]
-    input: dict[str, Any] = Field(description="The agent's input; validated by the agent.")
+    input: dict[str, Any] = Field(
+        description="The agent's input; validated by the agent. " + STORABLE_JSON
+    )
 
 
 class Reason(Request):
@@ -92,7 +100,9 @@ class Approve(Request):
         json_schema_extra={"examples": [{"decision": "approve", "comment": "checked the amount"}]}
     )
 
-    decision: Literal["approve", "reject"]
+    decision: Literal["approve", "reject"] = Field(
+        description="Approve the call, or reject it (the run fails)."
+    )
     comment: Text = Field("", description="Why; recorded in the audit trail.")
     resolution: Literal["retry", "mark_done"] | None = Field(
         None,
@@ -121,7 +131,7 @@ class Fork(Request):
     state: dict[str, Any] | None = Field(
         None,
         description="The whole agent state to start from, edited; null: the snapshot's own. "
-        "Validated by the agent.",
+        "Validated by the agent. " + STORABLE_JSON,
     )
     mode: one_of(FORK_MODES) = Field(  # type: ignore[valid-type]
         "sandbox",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 #: The rule as a JSON Schema pattern, for API documents: no NUL. (A lone surrogate is
@@ -30,3 +32,34 @@ def check_storable(value: Any, path: str = "$") -> None:
                 stack.append((child, f"{where}.{key}"))
         elif isinstance(item, list):
             stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text[:50]}")
+    return value
+
+
+def _integer(text: str) -> int:
+    if len(text) > 100:
+        raise ValueError(f"integer too long ({len(text)} digits)")
+    return int(text)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def parse_json(raw: str | bytes) -> Any:
+    """Strict JSON: no NaN/Infinity, nothing the database would refuse. Raises ValueError."""
+    try:
+        value = json.loads(
+            raw, parse_float=_finite, parse_int=_integer, parse_constant=_no_constants
+        )
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # also UnicodeDecodeError, and what the hooks above raise
+        raise ValueError(f"not valid JSON: {exc}") from None
+    check_storable(value)
+    return value
