@@ -238,13 +238,10 @@ def _body_refusal(context: ValidationErrorContext) -> ApiError:
     errors: list[Any] = [
         {**e, "loc": e["loc"][1:]} for e in context.pydantic_validation_error.errors()
     ]
-    if errors[0]["loc"] == ():  # the body as a whole
-        if errors[0]["type"] != "missing":
-            return ApiError(400, "request body must be a JSON object")
-        try:  # no body at all: as if it were {}
-            payload.model_validate({})
-        except ValidationError as exc:
-            errors = exc.errors()
+    if errors[0]["loc"] == () and errors[0]["type"] == "missing":
+        errors = _errors_of(payload, {})  # no body at all: as if it were {}
+    if not errors or errors[0]["loc"] == ():  # the body as a whole
+        return ApiError(400, "request body must be a JSON object")
     unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
     if unknown:
         expected = ", ".join(payload.model_fields)
@@ -255,6 +252,14 @@ def _body_refusal(context: ValidationErrorContext) -> ApiError:
     if error["type"] == "missing":
         return ApiError(400, f"{name} is required{_hint(schema)}", field=name)
     return ApiError(400, _problem(name, schema, error, quote=False), field=name)
+
+
+def _errors_of(model: type[BaseModel], value: Any) -> list[Any]:
+    try:
+        model.model_validate(value)
+    except ValidationError as exc:
+        return list(exc.errors())
+    return []
 
 
 def _payload_model(annotation: Any) -> type[BaseModel]:
@@ -288,15 +293,21 @@ def _problem(name: str, schema: dict[str, Any], error: Any, *, quote: bool) -> s
     if kind == "literal_error" and isinstance(value, str):
         return f"unknown {name} {value!r}: {name} must be {_choices(schema)}"
     if kind in _RANGE_ERRORS:
-        return f"{name} must be between {schema['minimum']} and {schema['maximum']}, not {value}"
+        span = _span(schema.get("minimum"), schema.get("maximum"))
+        return f"{name} must be {span}, not {value}"
     if kind in ("string_too_short", "string_too_long"):
-        low, high = schema.get("minLength", 0), schema.get("maxLength")
-        size = f"at most {high}" if not low else f"{low} to {high}" if high else f"at least {low}"
-        return f"{name} must be {size} characters long"
+        span = _span(schema.get("minLength"), schema.get("maxLength"), between="{} to {}")
+        return f"{name} must be {span} characters long"
     problem = f"{name} must be {_type_name(schema)}"
     if quote:  # a short string from the URL: worth repeating
         problem += f", not {_shorten(value)!r}"
     return problem
+
+
+def _span(low: Any, high: Any, between: str = "between {} and {}") -> str:
+    if low is None:
+        return f"at most {high}"
+    return f"at least {low}" if high is None else between.format(low, high)
 
 
 def _hint(schema: dict[str, Any]) -> str:
