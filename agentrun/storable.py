@@ -23,10 +23,15 @@ stays far below Python's recursion limit at these depths.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 from django.conf import settings
+
+#: The rule as a JSON Schema pattern, for API documents: no NUL. (A lone surrogate is
+#: no Unicode at all: JSON Schema's strings can't hold one, so no pattern can name it.)
+TEXT_PATTERN = r"^[^\u0000]*$"
 
 # Levels a state adds around the values stored in it (history[i].tool_calls[j]...).
 STATE_ROOM = 20
@@ -144,3 +149,34 @@ def check_storable(value: Any, path: str = "$", *, depth: int | None = None) -> 
     problem = shape_problem(value, depth=limit, text=True, what=path)
     if problem:
         raise ValueError(problem)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text[:50]}")
+    return value
+
+
+def _integer(text: str) -> int:
+    if len(text) > 100:
+        raise ValueError(f"integer too long ({len(text)} digits)")
+    return int(text)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def parse_json(raw: str | bytes) -> Any:
+    """Strict JSON: no NaN/Infinity, nothing the database would refuse. Raises ValueError."""
+    try:
+        value = json.loads(
+            raw, parse_float=_finite, parse_int=_integer, parse_constant=_no_constants
+        )
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # also UnicodeDecodeError, and what the hooks above raise
+        raise ValueError(f"not valid JSON: {exc}") from None
+    check_storable(value)
+    return value

@@ -237,7 +237,7 @@ def _mark(match: re.Match[str]) -> str:
     # Shown as \uXXXX (every font has it; many lack the escape sign itself).
     return (
         f'<mark class="esc" title="Sent as U+{code.upper()} ({what}), which the database '
-        f'can\'t store: kept escaped as {match.group(0)}">\\u{code}</mark>'
+        f"can't store: kept escaped as {match.group(0)}\">\\u{code}</mark>"
     )
 
 

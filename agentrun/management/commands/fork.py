@@ -21,9 +21,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agentrun import services
 from agentrun.agents import InvalidInput
-from agentrun.api import parse_json
 from agentrun.models import Run, ToolCall
 from agentrun.roles import can_operate, role_of
+from agentrun.storable import parse_json
 
 #: Snapshot positions are 32-bit integers: a step beyond this can't exist.
 MAX_STEP = 10**9

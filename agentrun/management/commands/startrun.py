@@ -10,8 +10,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agentrun import inflight, services
 from agentrun.agents import InvalidInput
-from agentrun.api import parse_json
 from agentrun.models import Run, RunStatus
+from agentrun.storable import parse_json
 
 # --wait exit codes: 0 only when the run succeeded.
 EXIT_FAILED = 1  # failed or cancelled

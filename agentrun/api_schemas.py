@@ -1,0 +1,376 @@
+"""The JSON API's request and response bodies: the one description of the contract.
+
+Django Ninja validates requests with these models and renders responses through
+them; the OpenAPI document at /api/openapi.json is generated from them. Request
+models are strict (JSON true is no integer, "2" is no number) and refuse unknown
+members; response models refuse members they don't declare, so a view can't send
+what the document doesn't say.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
+
+from agentrun import inflight
+from agentrun.models import (
+    ReplayMode,
+    Run,
+    RunStatus,
+    StepStatus,
+    ToolCallStatus,
+    WaitReason,
+)
+from agentrun.services import FORK_MODES
+from agentrun.storable import TEXT_PATTERN
+
+#: A fork point or snapshot beyond this is out of range (snapshot positions are 32-bit).
+MAX_STEP = 10**9
+AGENT_MAX_LENGTH = Run._meta.get_field("agent").max_length
+#: A worker is its lease owner's host:pid.
+WORKER_MAX_LENGTH = Run._meta.get_field("lease_owner").max_length
+#: Steps are numbered from 1 (a fork numbers on from its fork point): no snapshot has
+#: a smaller step number.
+FIRST_STEP = 1
+
+
+def one_of(values: Any) -> Any:
+    """Literal[values...]: the enum of a field, from the model's choices."""
+    return Literal[tuple(str(v) for v in values)]  # type: ignore[valid-type]
+
+
+#: What agentrun.storable.parse_json refuses anywhere in a body, for free-form objects
+#: (the members' own schemas say it with a pattern).
+STORABLE_JSON = (
+    "Its strings and keys hold no NUL (\\u0000) and no lone surrogate; its numbers are "
+    "finite, its integers at most 100 digits long."
+)
+#: Text the database can store (agentrun.storable checks every request before this does).
+Text = Annotated[str, StringConstraints(pattern=TEXT_PATTERN)]
+At = Literal["pre", "post"]
+RunStatusName = one_of(RunStatus.values)
+InFlightState = one_of(inflight.BY_KEY)
+ToolKind = Literal["read", "write", "hybrid"]
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- requests ------------------------------------------------------------------------
+
+
+class CreateRun(Request):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"agent": "scripted", "input": {"goal": "greet", "steps": [{"final": "hi"}]}}
+            ]
+        }
+    )
+
+    agent: Annotated[
+        Text,
+        Field(
+            min_length=1,
+            max_length=AGENT_MAX_LENGTH,
+            description="A registered agent, such as `scripted`.",
+        ),
+    ]
+    input: dict[str, Any] = Field(
+        description="The agent's input; validated by the agent. " + STORABLE_JSON
+    )
+
+
+class Reason(Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "wrong customer"}]})
+
+    reason: Text = Field("", description="Why; recorded in the audit trail.")
+
+
+class Approve(Request):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"decision": "approve", "comment": "checked the amount"}]}
+    )
+
+    decision: Literal["approve", "reject"] = Field(
+        description="Approve the call, or reject it (the run fails)."
+    )
+    comment: Text = Field("", description="Why; recorded in the audit trail.")
+    resolution: Literal["retry", "mark_done"] | None = Field(
+        None,
+        description="For a call left in doubt: invoke it again, or record it as done.",
+    )
+
+
+class Fork(Request):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"step": 2, "at": "pre", "mode": "sandbox", "reason": "look again"}]
+        }
+    )
+
+    step: int = Field(
+        description="The step whose snapshot to fork from.",
+        # Checked by services.fork_run and api.fork_run, which say why in the
+        # terms of the run (which snapshots it has).
+        json_schema_extra={"minimum": FIRST_STEP, "maximum": MAX_STEP},
+    )
+    at: At = Field(
+        "pre",
+        description="Before the step (the fork redoes it) or after it (the fork starts at "
+        "the next step).",
+    )
+    state: dict[str, Any] | None = Field(
+        None,
+        description="The whole agent state to start from, edited; null: the snapshot's own. "
+        "Validated by the agent. " + STORABLE_JSON,
+    )
+    mode: one_of(FORK_MODES) = Field(  # type: ignore[valid-type]
+        "sandbox",
+        description="sandbox: LLM and read tools run, write/hybrid tools are skipped. "
+        "recorded: the parent's decisions and results are reused until the state diverges, "
+        "then sandbox. live: everything runs for real with the fork's own idempotency keys.",
+    )
+    reason: Text = Field("", description="Why; recorded in the audit trail.")
+    confirm_live: bool = Field(
+        False,
+        description="Required for a live fork when the parent made write/hybrid calls after "
+        "the fork point (see side-effects).",
+    )
+
+
+# --- responses -------------------------------------------------------------------------
+
+
+# Members an error has only sometimes are absent otherwise (never null).
+
+
+class Error(Response):
+    detail: str
+    field: str = Field(
+        default_factory=str,
+        description="The request member at fault, when there is one (e.g. `step`).",
+    )
+
+
+class ForkedFrom(Response):
+    step: int
+    at: At
+
+
+class RunSummary(Response):
+    id: UUID
+    agent: str
+    agent_version: str
+    status: RunStatusName  # type: ignore[valid-type]
+    wait_reason: one_of(WaitReason.values)  # type: ignore[valid-type]
+    phase: str
+    parent_id: UUID | None
+    forked_from: ForkedFrom | None
+    mode: one_of(ReplayMode.values) = Field(  # type: ignore[valid-type]
+        description="A fork's replay mode; empty for a run that is no fork."
+    )
+    divergence_step: int | None = Field(
+        description="A recorded fork: the first step whose state differed from the "
+        "parent's (from there on it ran in sandbox mode)."
+    )
+    first_step: int = Field(
+        description="1, or for a fork the step it started at: steps are numbered on from "
+        "the fork point."
+    )
+    created_by: str | None = Field(description="A username.")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    next_step: int
+    error: str
+    final_answer: str
+    tokens_in: int
+    tokens_out: int
+
+
+class ToolCall(Response):
+    index: int
+    tool: str
+    kind: ToolKind
+    status: one_of(ToolCallStatus.values)  # type: ignore[valid-type]
+    idempotency_key: str = Field(description="{run_id}:{step}:{call_index}:{tool}:{args_hash}")
+    attempts: list[dict[str, Any]] = Field(
+        description="Every attempt: time, error, backoff, duration."
+    )
+    args: dict[str, Any]
+    result: Any
+    error: str
+    approval: dict[str, Any] | None
+    compensation: dict[str, Any] | None
+
+
+class Step(Response):
+    number: int
+    status: one_of(StepStatus.values)  # type: ignore[valid-type]
+    attempts: int
+    phase_before: str
+    phase_after: str
+    thought: str
+    rationale: str
+    decision_count: int
+    failure: dict[str, Any] | None = Field(
+        description="type, message, traceback, tool, input of a failed step."
+    )
+    duration_ms: float | None
+    started_at: datetime
+    finished_at: datetime | None
+    tool_calls: list[ToolCall]
+
+
+class RunDetail(RunSummary):
+    steps: list[Step]
+
+
+class RunList(Response):
+    items: list[RunSummary]
+    count: int = Field(description="All matching runs, not just this page.")
+
+
+class Snapshot(Response):
+    step: int
+    at: At
+    hash: str = Field(description="The state's content hash: a Merkle hash of its JSON tree.")
+    state: dict[str, Any]
+
+
+class SideEffect(Response):
+    step: int
+    index: int
+    tool: str
+    kind: Literal["write", "hybrid"]
+    status: one_of(ToolCallStatus.values) = Field(  # type: ignore[valid-type]
+        description="The parent's call's status."
+    )
+    args: dict[str, Any]
+    idempotency_key: str = Field(description="The parent's key.")
+    compensation: dict[str, Any] | None
+
+
+class SideEffects(Response):
+    run_id: UUID
+    step: int
+    at: At
+    confirm_live_required: bool = Field(
+        description="Whether a live fork from here needs confirm_live."
+    )
+    side_effects: list[SideEffect]
+
+
+class ForkError(Error):
+    side_effects: list[SideEffect] = Field(
+        default_factory=list,
+        description="With `field` confirm_live: the parent's write/hybrid calls that a live "
+        "fork would run again.",
+    )
+
+
+class LedgerEntry(Response):
+    idempotency_key: str
+    account: str
+    amount: str = Field(description="A decimal, as a string.")
+    created_at: datetime
+
+
+class Ledger(Response):
+    entries: list[LedgerEntry]
+    invocations: dict[str, int] = Field(
+        description="How many times ledger_write ran per idempotency key."
+    )
+
+
+StateCounts = create_model(
+    "StateCounts",
+    __base__=Response,
+    __doc__="Runs per state; every state is present.",
+    **{key: (int, ...) for key in inflight.BY_KEY},  # type: ignore[call-overload]
+)
+
+
+class InFlightCall(Response):
+    index: int
+    tool: str
+    kind: ToolKind
+    status: one_of(ToolCallStatus.values)  # type: ignore[valid-type]
+    attempt: int
+    running: bool
+    error: str
+    attempt_at: datetime | None
+
+
+class InFlightItem(Response):
+    run_id: UUID
+    agent: str
+    state: InFlightState  # type: ignore[valid-type]
+    worker: str | None = Field(
+        description="host:pid of the worker process holding the step (its lease owner "
+        "without the last part); null when nobody holds it."
+    )
+    lease_owner: str | None
+    step: int = Field(description="The step it is at (next_step).")
+    attempt: int = Field(description="Attempts at the step so far.")
+    since: datetime = Field(
+        description="Since when it has waited: the claim (deciding), the decision or the "
+        "latest call record (acting), the lease's expiry (stalled), the park or the queueing "
+        "(the rest)."
+    )
+    waited_s: float
+    tools: list[str] = Field(description="The tools its decision calls, in order.")
+    wake_at: datetime | None = Field(description="backoff: when it is retried.")
+    wake_in_s: float | None = Field(description="Negative: overdue.")
+    call: InFlightCall | None = Field(
+        description="The call it is on: running (acting), awaiting approval, in doubt, or "
+        "to be retried (backoff)."
+    )
+
+
+class WorkerCounts(Response):
+    worker: str | None = Field(description="null: the runs nobody holds.")
+    counts: StateCounts  # type: ignore[valid-type]
+    total: int
+
+
+class InFlightFilter(Response):
+    state: one_of(("", *inflight.BY_KEY)) = Field(  # type: ignore[valid-type]
+        description="Empty: every state."
+    )
+    worker: str
+    limit: int
+
+
+class InFlightGroup(Response):
+    state: InFlightState  # type: ignore[valid-type]
+    title: str
+    count: int = Field(description="All, not only those listed.")
+    more: int = Field(description="Not listed.")
+    items: list[InFlightItem]
+
+
+class InFlight(Response):
+    now: datetime
+    total: int = Field(description="Every active run.")
+    in_flight: int = Field(description="Every active run but the queued.")
+    counts: StateCounts  # type: ignore[valid-type]
+    workers: list[WorkerCounts] = Field(description="Counts per worker, whatever the filter.")
+    filter: InFlightFilter
+    groups: list[InFlightGroup] = Field(
+        description="Per state (only the asked-for one with a state filter): the runs that "
+        "have waited longest, at most `limit` (queued: 5 unless asked for)."
+    )
+
+
+#: Every member a fork request may have.
+FORK_FIELDS = tuple(Fork.model_fields)
