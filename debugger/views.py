@@ -651,5 +651,5 @@ def fork_check(request: HttpRequest, run_id: Any, number: int, at: str) -> HttpR
         raise Http404("no such snapshot")
     check = forks.check_state(run, source, request.POST.get("state"))
     context = {"check": check, "view": "edit", "run": run, "number": number, "at": at}
-    status = 200 if check.valid else 400
-    return render(request, "debugger/fork.html#check", context, status=status)
+    # The check was made: its answer, valid or not, is the fragment (htmx swaps a 200).
+    return render(request, "debugger/fork.html#check", context)
