@@ -147,7 +147,7 @@ def check_state(run: Run, source: Snapshot, text: str | None) -> StateCheck:
             services.check_fork_state(get_agent(run.agent), state)
         services.check_fork_phase(state)
     except services.ForkError as exc:
-        check.errors.append(_sentence(str(exc)))
+        check.errors.append(_sentence(str(exc).removeprefix("state: ")))
     except InvalidInput as exc:  # the run's agent is not registered in this deployment
         check.errors.append(_sentence(f"Can't fork this run: {exc}"))
     return check

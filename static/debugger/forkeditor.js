@@ -199,6 +199,27 @@
     return b;
   }
 
+  // A collapsed container's first few members, as compact JSON cut at PEEK characters.
+  var PEEK = 70;
+  function peek(node) {
+    var out = "";
+    function add(text) { out += text; return out.length < PEEK; }
+    function walk(n) {
+      if (n.t === "object" || n.t === "array") {
+        if (!add(n.t === "object" ? "{" : "[")) return false;
+        for (var i = 0; i < n.e.length; i++) {
+          if (i && !add(", ")) return false;
+          if (n.t === "object" && !add(JSON.stringify(n.e[i][0]) + ": ")) return false;
+          if (!walk(n.t === "object" ? n.e[i][1] : n.e[i])) return false;
+        }
+        return add(n.t === "object" ? "}" : "]");
+      }
+      if (n.t === "string") return add(JSON.stringify(n.v.length > PEEK ? n.v.slice(0, PEEK) : n.v));
+      return add(write(n, PAGE_STYLE, 0));
+    }
+    return walk(node) ? out : out.slice(0, PEEK) + "…";
+  }
+
   function count(node) {
     var n = node.e.length;
     return node.t === "object" ? n + " key" + (n === 1 ? "" : "s") : n + " item" + (n === 1 ? "" : "s");
@@ -270,7 +291,10 @@
     } else {
       line.appendChild(el("span", "te-toggle-gap"));
     }
-    if (key !== null) {
+    if (key === null) {
+      line.appendChild(el("span", "te-key te-root", "state"));
+      line.appendChild(el("span", "te-colon", ":"));
+    } else {
       line.appendChild(el("span", typeof key === "number" ? "te-key te-index" : "te-key", typeof key === "number" ? "[" + key + "]" : key));
       line.appendChild(el("span", "te-colon", ":"));
     }
@@ -284,7 +308,8 @@
         if (node.j.dirty) line.appendChild(el("span", "tag edited", "edited"));
         line.appendChild(button("te-astext", "text", "Edit " + path + " as text", "edit"));
       }
-      line.appendChild(button("te-add", "＋", box.t === "object" ? "Add a key to " + (path || "the state") : "Add an item to " + (path || "the state"), "add"));
+      if (!this.open[path]) line.appendChild(el("span", "te-peek", peek(box)));
+      line.appendChild(button("te-add", box.t === "object" ? "+ key" : "+ item", box.t === "object" ? "Add a key to " + (path || "the state") : "Add an item to " + (path || "the state"), "add"));
     } else {
       line.appendChild(this.scalar(node));
     }
