@@ -644,5 +644,15 @@
   else setup();
 
   // For tests and the curious: the reader and writer on their own.
-  window.agentrunForkEditor = { read: read, write: function (node) { return write(node, PAGE_STYLE, 0); } };
+  // dirty: write every string holding JSON from its tree, as an edit inside it would.
+  window.agentrunForkEditor = {
+    rewrite: function (text, dirty) {
+      var root = read(text, null);
+      (function mark(n) {
+        if (n.j) { n.j.dirty = dirty; mark(n.j.node); }
+        if (n.e) n.e.forEach(function (item) { mark(Array.isArray(item) ? item[1] : item); });
+      })(root);
+      return write(root, PAGE_STYLE, 0);
+    },
+  };
 })();

@@ -38,7 +38,7 @@ def demo_incident(operator) -> Run:
 
 
 def node(page, path: str):
-    return page.locator(f'#fork-tree li[data-path="{path}"]')
+    return page.locator(f"#fork-tree li[data-path='{path}']")
 
 
 def expand(page, path: str) -> None:
@@ -103,6 +103,7 @@ def test_an_operator_removes_an_item_from_json_text_in_the_tree_and_forks(live_s
         phase = node(page, "phase")
         phase.locator(":scope > .te-row [data-te=edit]").click()
         page.fill("#fork-tree .te-editform .te-input", "sleeping")
+        shot(page, "52-fork-editor-editing", full_page=False)
         page.keyboard.press("Enter")
         report = checked(page, "A fork would refuse this state")
         assert "unknown phase 'sleeping'" in report
@@ -111,6 +112,26 @@ def test_an_operator_removes_an_item_from_json_text_in_the_tree_and_forks(live_s
         page.fill("#fork-tree .te-editform .te-input", before["phase"])
         page.keyboard.press("Enter")
         checked(page, "Valid")
+
+        # Add a key, then take it out again: only the cart is left changed.
+        node(page, "memory.notes").locator(":scope > .te-row [data-te=add]").click()
+        page.fill("#fork-tree .te-addform .te-keyinput", "search")
+        page.fill("#fork-tree .te-addform .te-input", "x")
+        page.keyboard.press("Enter")
+        assert 'There is a key "search" already' in page.inner_text("#fork-tree .te-problem")
+        page.fill("#fork-tree .te-addform .te-keyinput", "checked by")
+        page.fill("#fork-tree .te-addform .te-input", "olga")
+        shot(page, "53-fork-editor-add-key", full_page=False)
+        page.click("#fork-tree .te-addform [data-te-save]")
+        added = node(page, 'memory.notes["checked by"]')
+        assert '"olga"' in added.inner_text()
+        assert "1 added" in checked(page, "1 added")
+        added.locator(":scope > .te-row [data-te=remove]").click()
+        assert added.count() == 0
+        page.wait_for_function(
+            "() => document.querySelector('#fork-check .diffhead .summary')?.innerText"
+            " === '1 changed in memory.notes'"
+        )
 
         # Raw JSON shows the same state, and edits there come back to the tree.
         page.click("[data-editor-view=raw]")
