@@ -306,9 +306,9 @@
         tag.title = "A string holding JSON: edited as a tree, written back as text" + (node.j.dirty ? " (edited)" : "");
         line.appendChild(tag);
         if (node.j.dirty) line.appendChild(el("span", "tag edited", "edited"));
-        line.appendChild(button("te-astext", "text", "Edit " + path + " as text", "edit"));
       }
       if (!this.open[path]) line.appendChild(el("span", "te-peek", peek(box)));
+      if (inner) line.appendChild(button("te-astext", "text", "Edit " + path + " as text", "edit"));
       line.appendChild(button("te-add", box.t === "object" ? "+ key" : "+ item", box.t === "object" ? "Add a key to " + (path || "the state") : "Add an item to " + (path || "the state"), "add"));
     } else {
       line.appendChild(this.scalar(node));
@@ -473,6 +473,7 @@
     var problem = el("span", "te-problem");
     problem.setAttribute("role", "alert");
     form.appendChild(problem);
+    form.addEventListener("input", function () { problem.textContent = ""; });
     return problem;
   }
 
