@@ -138,7 +138,7 @@ def check_state(run: Run, source: Snapshot, text: str | None) -> StateCheck:
     """The checks a fork from `source` makes of the edited state `text`, without forking."""
     form = ForkStateForm({"state": text})
     if not form.is_valid():
-        return StateCheck(errors=list(form.errors["state"]))
+        return StateCheck(errors=[str(e) for e in form.errors["state"]])
     state = form.cleaned_data["state"]
     [original] = load_states([source])
     check = StateCheck(diff=diff_states(original, state, source.size))
