@@ -196,9 +196,10 @@ def decide_approval(
 class ForkError(ValueError):
     """A fork request that can't be honoured; `field` names the bad input."""
 
-    def __init__(self, message: str, field: str = ""):
+    def __init__(self, message: str, field: str = "", path: str | None = None):
         super().__init__(message)
         self.field = field
+        self.path = path  # where in an edited state, when the schema says
 
 
 FORK_MODES = ("sandbox", "recorded", "live")
@@ -218,7 +219,7 @@ def check_fork_state(agent: Any, state: Any) -> None:
     try:
         agent.validate_state(state)
     except ValueError as exc:
-        raise ForkError(f"state: {exc}", "state") from None
+        raise ForkError(f"state: {exc}", "state", getattr(exc, "path", None)) from None
 
 
 def check_fork_phase(state: Any) -> None:
@@ -229,6 +230,7 @@ def check_fork_phase(state: Any) -> None:
             f"the state's phase is {phase!r}: nothing would run. Fork from an earlier "
             "snapshot (e.g. the pre snapshot of that step) or edit the phase",
             "state",
+            "phase",
         )
 
 

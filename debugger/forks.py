@@ -124,6 +124,7 @@ class StateCheck:
     errors: list[str] = field(default_factory=list)
     diff: StateDiff | None = None
     checked: bool = True  # False: only the diff is known (the page without the live check)
+    error_path: str | None = None  # the part of the state an error is about, if known
 
     @property
     def valid(self) -> bool:
@@ -148,6 +149,7 @@ def check_state(run: Run, source: Snapshot, text: str | None) -> StateCheck:
         services.check_fork_phase(state)
     except services.ForkError as exc:
         check.errors.append(_sentence(str(exc).removeprefix("state: ")))
+        check.error_path = exc.path
     except InvalidInput as exc:  # the run's agent is not registered in this deployment
         check.errors.append(_sentence(f"Can't fork this run: {exc}"))
     return check

@@ -352,6 +352,31 @@
     return ul;
   };
 
+  // Open the tree down to `path` (as the server writes it) and mark that entry.
+  Editor.prototype.reveal = function (path) {
+    this.host.querySelectorAll(".te-flagged").forEach(function (e) { e.classList.remove("te-flagged"); });
+    if (path === null || !this.root) return;
+    var tokens = /([^.[\]]+)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\]/g;
+    var m, at = "", chain = [""];
+    while ((m = tokens.exec(path)) !== null) {
+      var key = m[1] !== undefined ? m[1] : m[2] !== undefined ? Number(m[2]) : m[3].slice(1, -1).replace(/\\(.)/g, "$1");
+      at = childPath(at, key);
+      chain.push(at);
+    }
+    var self = this, closed = chain.slice(0, -1).filter(function (p) { return !self.open[p]; });
+    // Not while a value is being edited: that would throw the edit away.
+    if (closed.length && !this.host.querySelector(".te-form")) {
+      closed.forEach(function (p) { self.open[p] = true; });
+      this.render();
+    }
+    var li = this.host.querySelector('li[data-path="' + cssEscape(at || "$") + '"]');
+    if (li) {
+      li.classList.add("te-flagged");
+      var row = li.querySelector(":scope > .te-row");
+      if (row.scrollIntoView) row.scrollIntoView({ block: "nearest" });
+    }
+  };
+
   Editor.prototype.entryOf = function (target) {
     var li = target.closest("li.te-node");
     return li ? { li: li, path: li.getAttribute("data-path"), info: this.nodes[li.getAttribute("data-path")] } : null;
@@ -630,9 +655,11 @@
           (limit / 1048576).toFixed(1) + " MB). Fork it through the API, or make it smaller."));
       }
     });
-    document.body.addEventListener("htmx:afterSwap", function (event) {
+    // The check's answer is the page's only swap.
+    document.body.addEventListener("htmx:afterSettle", function () {
       var box = document.getElementById("fork-check");
-      if (!box || event.detail.target !== box && !box.contains(event.detail.target)) return;
+      if (!box) return;
+      if (!host.hidden) editor.reveal(box.getAttribute("data-error-path"));
       // A passing check clears what the last submit said about the state.
       if (box.getAttribute("data-valid") === "true") {
         var old = document.getElementById("fork-state-error");

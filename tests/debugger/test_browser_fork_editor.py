@@ -107,9 +107,31 @@ def test_an_operator_removes_an_item_from_json_text_in_the_tree_and_forks(live_s
         page.keyboard.press("Enter")
         report = checked(page, "A fork would refuse this state")
         assert "unknown phase 'sleeping'" in report
+        assert "te-flagged" in node(page, "phase").get_attribute("class")
         shot(page, "52-fork-editor-schema-error", full_page=False)
         node(page, "phase").locator(":scope > .te-row [data-te=edit]").click()
         page.fill("#fork-tree .te-editform .te-input", before["phase"])
+        page.keyboard.press("Enter")
+        checked(page, "Valid")
+        assert page.locator("#fork-tree .te-flagged").count() == 0
+
+        # An error deep in the tree opens the tree down to it.
+        expand(page, "history")
+        role = "history[1].role"
+        node(page, "history").locator(":scope > .te-row [data-te=toggle]").click()
+        page.click("[data-editor-view=raw]")
+        raw = page.input_value("#fork-state")
+        state = json.loads(raw)
+        role_was = state["history"][1]["role"]
+        state["history"][1]["role"] = "bot"
+        page.fill("#fork-state", json.dumps(state, indent=2, ensure_ascii=False))
+        page.click("[data-editor-view=tree]")
+        checked(page, "A fork would refuse this state")
+        page.wait_for_selector(f"#fork-tree li.te-flagged[data-path='{role}']")
+        assert "history[1].role must be one of" in page.inner_text("#fork-check")
+        shot(page, "54-fork-editor-error-in-tree", full_page=False)
+        node(page, role).locator(":scope > .te-row [data-te=edit]").click()
+        page.fill("#fork-tree .te-editform .te-input", role_was)
         page.keyboard.press("Enter")
         checked(page, "Valid")
 

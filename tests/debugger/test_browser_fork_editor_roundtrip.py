@@ -17,7 +17,7 @@ from tests.debugger.browser import chromium, login, page_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-INNER = {"lines": [{"sku": "STOVE-1", "qty": 1, "price": 59.9}], "note": "café \"ok\"", "n": None}
+INNER = {"lines": [{"sku": "STOVE-1", "qty": 1, "price": 59.9}], "note": 'café "ok"', "n": None}
 STYLES = {
     "default": json.dumps(INNER, ensure_ascii=False),
     "compact": json.dumps(INNER, separators=(",", ":"), ensure_ascii=False),
@@ -33,7 +33,7 @@ TRICKY = {
     "big": 12345678901234567890,
     "small": 1e-07,
     "neg": -0.0,
-    "text": "line\nbreak\ttab \u2028 \x7f \x01 ✓ 😀 \\ \"",
+    "text": 'line\nbreak\ttab \u2028 \x7f \x01 ✓ 😀 \\ "',
     "not json": "[not json]",
     "number text": "12",
     "empty": {},

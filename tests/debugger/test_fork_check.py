@@ -84,6 +84,7 @@ def test_a_schema_error_is_named_and_the_diff_still_shows(client_for, parent):
     assert "A fork would refuse this state: memory.notes must be an object" in text
     assert "Valid:" not in text
     assert "memory.notes" in text.split("Your changes", 1)[1]
+    assert 'data-error-path="memory.notes"' in response.content.decode()  # for the tree
     assert counts() == before
 
 
@@ -172,6 +173,7 @@ def test_a_done_state_would_run_nothing(client_for, parent):
     response = check(client_for("operator"), parent, state_of(parent, last, "post"), last, "post")
     assert valid(response) == "false"
     assert "nothing would run" in text_of(response)
+    assert 'data-error-path="phase"' in response.content.decode()
 
 
 def test_only_operators_may_check_a_fork(client_for, parent):
