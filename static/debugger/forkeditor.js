@@ -611,10 +611,11 @@
       if (view === "tree") {
         var ok = editor.load();
         if (ok !== true) {
-          if (status) {
+          // After the textarea's own check on leaving it, which says less.
+          if (status) setTimeout(function () {
             status.textContent = ok;
             status.className = "json-status bad";
-          }
+          }, 0);
           return false;
         }
       }
@@ -626,6 +627,8 @@
         b.setAttribute("aria-pressed", b.getAttribute("data-editor-view") === view ? "true" : "false");
       });
       document.getElementById("fork-editor").setAttribute("data-view", view);
+      var box = document.getElementById("fork-check");
+      if (view === "tree" && box) editor.reveal(box.getAttribute("data-error-path"));
       try { sessionStorage.setItem("agentrun.forkeditor.view", view); } catch (err) { /* private mode */ }
       return true;
     }

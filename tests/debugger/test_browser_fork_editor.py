@@ -165,6 +165,27 @@ def test_an_operator_removes_an_item_from_json_text_in_the_tree_and_forks(live_s
         assert page.is_visible("#fork-tree")
         assert node(page, f"{CART}[0]").count() == 1  # still expanded where it was
 
+        # Text that is no JSON stays in the raw editor, and the check says where it breaks.
+        page.click("[data-editor-view=raw]")
+        good = page.input_value("#fork-state")
+        page.fill("#fork-state", good.replace('"phase":', '"phase"', 1))
+        page.click("[data-editor-view=tree]")
+        assert page.is_visible("#fork-state") and not page.is_visible("#fork-tree")
+        page.wait_for_selector("#fork-state-status:has-text('fix it in the raw editor first')")
+        assert "Invalid JSON at line 3" in checked(page, "Invalid JSON at line")
+        page.fill("#fork-state", good)
+        page.click("[data-editor-view=tree]")
+        assert page.is_visible("#fork-tree")
+        checked(page, "Valid")
+
+        # A phone's width: the editor above the check, nothing cut off.
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.locator("#fork-editor").scroll_into_view_if_needed()
+        shot(page, "55-fork-editor-phone", full_page=False)
+        box = page.locator("#fork-tree").bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 390
+        page.set_viewport_size({"width": 1440, "height": 900})
+
         page.fill("input[name=reason]", "cart change never reached the agent's context")
         page.click("[data-action=fork]")
         page.wait_for_selector(".callout.forkinfo")

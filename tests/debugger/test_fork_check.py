@@ -211,3 +211,7 @@ def test_the_fork_page_wires_the_editor_to_the_check(client_for, parent):
     assert 'hx-target="#fork-check"' in area and "delay:" in area
     assert 'id="fork-tree"' in html and "forkeditor.js" in html
     assert '<div id="fork-check"' in html
+    # Without JavaScript the textarea is the editor: the tree and its switch stay hidden.
+    assert " hidden" not in area
+    assert re.search(r'<div class="state-tree" id="fork-tree"[^>]* hidden', html)
+    assert re.search(r'<span class="editor-views" data-editor-views hidden>', html)
