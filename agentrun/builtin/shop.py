@@ -644,7 +644,8 @@ class ShopAgent(StateAgent):
             names = [SKIPPED_NAMES[stage] for stage in STAGES if stage in skipped]
             text = (
                 f"The order was not placed: this fork runs in sandbox mode, which skips "
-                f"write tools ({_and(names)} skipped). It would have ordered "
+                f"write tools, so {_and(names)} {'was' if len(names) == 1 else 'were'} skipped. "
+                f"It would have ordered "
                 f"{describe(lines)} for {user}: {cost}"
             )
         else:

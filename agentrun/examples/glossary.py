@@ -50,9 +50,6 @@ class Glossary(StateAgent):
         if not isinstance(input.get("word"), str) or not input["word"].strip():
             raise InvalidInput("word must be a non-empty string")
 
-    def initial_state(self, input: dict[str, Any]) -> dict[str, Any]:
-        return super().initial_state({"goal": f"Define {input['word']!r} and note it"})
-
     def decide(self, state: dict[str, Any], ctx: StepContext) -> Decision:
         notes, word = self.load(state).memory["notes"], ctx.input["word"]  # state and input only
         if "meaning" not in notes:

@@ -38,7 +38,9 @@ def test_the_incident_fix_in_sandbox_says_the_order_was_not_placed_because_of_sa
     assert fork.status == "succeeded", fork.error
     answer = fork.final_answer
     assert answer.startswith("The order was not placed: this fork runs in sandbox mode")
-    assert "(the reservation, the payment, the order and the e-mail skipped)" in answer, answer
+    assert "so the reservation, the payment, the order and the e-mail were skipped." in answer, (
+        answer
+    )
     assert "It would have ordered 1 x Two-person tent (TENT-2P)" in answer
     assert "?" not in answer
     # It is true: nothing was written for the fork.
@@ -64,5 +66,9 @@ def test_a_sandbox_fork_reusing_the_parents_order_result_does_not_claim_that_ord
     skipped = ToolCall.objects.get(run=fork, tool="place_order")
     assert skipped.status == "skipped" and skipped.result["order_id"] == order_id
     assert fork.final_answer.startswith("The order was not placed: this fork runs in sandbox mode")
-    assert "(the order and the e-mail skipped)" in fork.final_answer
+    assert "write tools, so the order and the e-mail were skipped." in fork.final_answer
     assert order_id not in fork.final_answer
+    # The e-mail, written before its own call was skipped, says the same of the order alone.
+    email = ToolCall.objects.get(run=fork, tool="notify")
+    assert email.status == "skipped"
+    assert "write tools, so the order was skipped. It would have" in email.args["body"]
