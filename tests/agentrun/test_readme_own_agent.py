@@ -105,3 +105,74 @@ def test_the_readme_steps_run_the_example_agent_on_a_real_worker(tmp_path):
     assert [n.name for n in notes] == [write.idempotency_key.replace(":", "_") + ".txt"]
     assert notes[0].read_text() == "lease: how long a worker owns a step"
     assert write.result == {"path": str(notes[0]), "duplicate": False}
+
+
+# --- what the section says of the agent and its state, held to the code ------------------
+
+
+@pytest.fixture
+def example(settings, tmp_path):
+    """The example module, imported (so registered) for this test only; notes under tmp_path."""
+    import importlib
+
+    from agentrun.agents import AGENTS
+    from agentrun.tools import REGISTRY
+
+    settings.VAR_DIR = tmp_path
+    module = importlib.import_module("agentrun.examples.glossary")
+    yield module
+    AGENTS.pop("glossary", None)
+    AGENTS.pop("glossary-careless", None)
+    for name in ("define", "file_note"):
+        REGISTRY.pop(name, None)
+    sys.modules.pop("agentrun.examples.glossary", None)
+
+
+@pytest.mark.django_db
+def test_a_bad_input_is_refused_with_the_agents_message(example):
+    from agentrun import services
+    from agentrun.agents import InvalidInput
+
+    with pytest.raises(InvalidInput, match="word must be a non-empty string"):
+        services.start_run("glossary", {"word": " "})
+    assert not Run.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_note_that_is_not_a_string_fails_the_step_with_its_path(example):
+    from agentrun import services
+    from agentrun.agents import register
+    from tests.base import drive
+
+    @register
+    class Careless(example.Glossary):
+        name = "glossary-careless"
+
+        def observe(self, st, decision, results, ctx):
+            for r in results:
+                st.memory["notes"]["meaning"] = r.result["meaning"]  # null for an unknown word
+
+    run = drive(services.start_run("glossary-careless", {"word": "zebra"}))
+
+    assert run.status == "failed"
+    assert run.error.endswith(
+        "step 1's update left a state the agent's schema refuses: "
+        "memory.notes.meaning must be a string, got null"
+    ), run.error
+
+
+@pytest.mark.django_db
+def test_a_sandbox_fork_of_the_example_files_no_second_note(example, tmp_path):
+    from agentrun import services
+    from tests.base import drive
+
+    parent = drive(services.start_run("glossary", {"word": "fork"}))
+    assert parent.status == "succeeded", parent.error
+    (note,) = (tmp_path / "notes").iterdir()
+
+    fork = drive(services.fork_run(parent, step=2, at="pre", mode="sandbox"))
+
+    assert fork.status == "succeeded", fork.error
+    assert fork.final_answer == "fork means a run replayed from a snapshot (noted)."
+    assert ToolCall.objects.get(run=fork, tool="file_note").status == "skipped"
+    assert list((tmp_path / "notes").iterdir()) == [note]
