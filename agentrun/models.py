@@ -456,6 +456,9 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        verbose_name = "API token"
+
     def __str__(self) -> str:
         return f"{self.prefix}… for {self.user}"
 
@@ -481,6 +484,9 @@ class LedgerEntry(models.Model):
     account = models.CharField(max_length=200)
     amount = models.DecimalField(max_digits=18, decimal_places=4)
     created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name_plural = "ledger entries"
 
     def __str__(self) -> str:
         return f"{self.account} {self.amount}"

@@ -195,11 +195,19 @@ STORIES = [
 class Command(BaseCommand):
     help = "Create the demo users and demo runs (idempotent; takes a few seconds)."
 
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--no-logins",
+            action="store_true",
+            help="don't list the demo users (`up` lists them once everything is up)",
+        )
+
     def handle(self, *args: Any, **opts: Any) -> None:
         users = {role: demo_user(name, role) for name, role in DEMO_USERS}
-        self.stdout.write("demo users (username / password, role):")
-        for name, role in DEMO_USERS:
-            self.stdout.write(f"  {name} / {PASSWORD}  ({role})")
+        if not opts["no_logins"]:
+            self.stdout.write("demo users (username / password, role):")
+            for name, role in DEMO_USERS:
+                self.stdout.write(f"  {name} / {PASSWORD}  ({role})")
         operator = users["operator"]
 
         # No wake-up messages: this process drives the runs, and a worker racing it for
