@@ -76,9 +76,7 @@ def test_a_bad_label_filter_says_why_and_lists_nothing(client_for, people):
 def test_the_error_column_shows_the_error_shortened_on_one_line_and_escaped(client_for, people):
     failed = runs.failing_run(people["operator"])
     hostile = runs.failing_run(people["operator"])
-    error = (
-        "<script>alert(1)</script> the tool sent \u241bu0000 here\nsecond line " + "x" * 300
-    )
+    error = "<script>alert(1)</script> the tool sent \u241bu0000 here\nsecond line " + "x" * 300
     Run.objects.filter(pk=hostile.pk).update(error=error)
 
     html = client_for("viewer").get("/").content.decode()
@@ -94,9 +92,7 @@ def test_the_error_column_shows_the_error_shortened_on_one_line_and_escaped(clie
     assert failed.error  # the other failed run shows its own
 
 
-def test_statuses_are_told_apart_cancelled_failed_succeeded_and_after_retries(
-    client_for, people
-):
+def test_statuses_are_told_apart_cancelled_failed_succeeded_and_after_retries(client_for, people):
     plain = start(input=goal_input("plain"))
     retried = start(
         input=script(
