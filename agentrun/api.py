@@ -485,6 +485,7 @@ def fork_run(
             reason=body.reason,
             user=request.user,
             confirm_live=body.confirm_live,
+            labels=body.labels,
         )
     except services.ForkError as exc:
         if exc.field != "confirm_live":

@@ -57,6 +57,23 @@ InFlightState = one_of(inflight.BY_KEY)
 ToolKind = Literal["read", "write", "hybrid"]
 
 
+#: A run's labels as a request member: what agentrun.labels enforces, for the document.
+LABELS_SCHEMA: dict[str, Any] = {
+    "maxProperties": run_labels.MAX_LABELS,
+    "propertyNames": {
+        "pattern": run_labels.KEY_PATTERN,
+        "maxLength": run_labels.KEY_MAX_LENGTH,
+        "not": {"enum": list(run_labels.RESERVED_KEYS)},
+    },
+    "additionalProperties": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": run_labels.VALUE_MAX_LENGTH,
+        "pattern": run_labels.VALUE_PATTERN,
+    },
+}
+
+
 class Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -96,20 +113,7 @@ class CreateRun(Request):
         f"1-{run_labels.VALUE_MAX_LENGTH} characters, no control characters, no space at "
         f"either end. `{run_labels.FORKED_FROM}` is reserved (forks get it).",
         # Checked by agentrun.labels, which says what is wrong in its own words.
-        json_schema_extra={
-            "maxProperties": run_labels.MAX_LABELS,
-            "propertyNames": {
-                "pattern": run_labels.KEY_PATTERN,
-                "maxLength": run_labels.KEY_MAX_LENGTH,
-                "not": {"enum": list(run_labels.RESERVED_KEYS)},
-            },
-            "additionalProperties": {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": run_labels.VALUE_MAX_LENGTH,
-                "pattern": run_labels.VALUE_PATTERN,
-            },
-        },
+        json_schema_extra=LABELS_SCHEMA,
     )
 
 
@@ -168,6 +172,12 @@ class Fork(Request):
         False,
         description="Required for a live fork when the parent made write/hybrid calls after "
         "the fork point (see side-effects).",
+    )
+    labels: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Labels for the fork besides those it inherits from its parent (the same "
+        f"rules as a new run's); it also gets `{run_labels.FORKED_FROM}`: the parent's short id.",
+        json_schema_extra=LABELS_SCHEMA,
     )
 
 

@@ -182,6 +182,37 @@ def test_the_api_fork_answers_with_the_inherited_labels(client):
     assert response.json()["labels"] == {"story": "stale-cart", "forked-from": run_id[:8]}
 
 
+def test_the_api_fork_takes_labels_of_its_own_and_refuses_bad_ones(client):
+    run_id = post_run(client, labels={"story": "stale-cart"}).json()["id"]
+    drive(Run.objects.get(pk=run_id))
+
+    def fork(labels):
+        return client.post(
+            f"/api/runs/{run_id}/fork",
+            {"step": 2, "at": "pre", "labels": labels},
+            content_type="application/json",
+        )
+
+    before = stored()
+    for bad, message in (
+        ({"forked-from": "x"}, "reserved"),
+        ({"fix": " x"}, "a space at either end"),
+        ({f"k{i}": "v" for i in range(20)}, "the fork would have 21 labels"),
+    ):
+        refused = fork(bad)
+        assert refused.status_code == 400, refused.content
+        assert message in refused.json()["detail"] and refused.json()["field"] == "labels"
+    assert stored() == before
+
+    made = fork({"fix": "cart-corrected"})
+    assert made.status_code == 201, made.content
+    assert made.json()["labels"] == {
+        "story": "stale-cart",
+        "fix": "cart-corrected",
+        "forked-from": run_id[:8],
+    }
+
+
 # --- the run's input in the API ------------------------------------------------------------
 
 
