@@ -88,6 +88,7 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
     form = RunFilterForm(request.GET)
     runs = run_rows(form.filter(Run.objects.select_related("created_by")))
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    page.object_list = with_row_facts(list(page.object_list))
     token = hashlib.sha256(
         "|".join(f"{r.pk}:{r.updated_at.timestamp()}" for r in page).encode()
     ).hexdigest()[:16]
@@ -653,21 +654,33 @@ _RETRY_KINDS = RawSQL(  # noqa: S611 -- our own constants, checked above
 
 
 def run_rows(runs: QuerySet[Run]) -> QuerySet[Run]:
-    """What a row of the run list shows, in one query plus one for the page's labels.
+    """The run list's rows: without their input (it may be a megabyte), with their labels
+    (one query for the page). `with_row_facts` adds the rest for the page's runs only."""
+    return runs.defer("input").prefetch_related("labels")
 
-    The input is left in the database (it may be a megabyte): only its goal is read.
-    `retried`: a step backed off after an error or crashed and was tried again; both
-    lookups use small partial indexes (event_retries, step_crashed).
+
+def with_row_facts(runs: list[Run]) -> list[Run]:
+    """Each run's goal (read from its input in the database), and whether a step of it
+    backed off after an error (`backed_off`) or crashed (`crashed`) and was tried again.
+
+    One query for the page's runs: in the page's query, SQLite would work these out for
+    every matching run before sorting. Both lookups use small partial indexes
+    (event_retries, step_crashed).
     """
-    return (
-        runs.defer("input")
+    facts = (
+        Run.objects.filter(pk__in=[run.pk for run in runs])
         .annotate(
             goal=KeyTextTransform("goal", "input"),
             backed_off=Exists(Event.objects.filter(_RETRY_KINDS, run=OuterRef("pk")).order_by()),
             crashed=Exists(Step.objects.filter(run=OuterRef("pk"), crashes__gt=0).order_by()),
         )
-        .prefetch_related("labels")
+        .order_by()
+        .values_list("pk", "goal", "backed_off", "crashed")
     )
+    by_pk = {pk: rest for pk, *rest in facts} if runs else {}
+    for run in runs:
+        run.goal, run.backed_off, run.crashed = by_pk.get(run.pk, ("", False, False))
+    return runs
 
 
 def input_tree(run: Run) -> SafeString:

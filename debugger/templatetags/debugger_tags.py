@@ -168,13 +168,12 @@ def escapes(value: Any) -> str:
 @register.simple_tag(takes_context=True)
 def label_url(context: Any, text: str, remove: bool = False) -> str:
     """The run list with the current filters and this label filter added (or removed)."""
+    from django.http import QueryDict
     from django.urls import reverse
 
-    query = context["request"].GET.copy() if context.get("request") else None
-    if query is None or context["request"].resolver_match.url_name != "run-list":
-        from django.http import QueryDict
-
-        query = QueryDict(mutable=True)
+    request = context.get("request")
+    on_the_list = getattr(getattr(request, "resolver_match", None), "url_name", "") == "run-list"
+    query = request.GET.copy() if on_the_list else QueryDict(mutable=True)
     for name in ("page", "v"):
         query.pop(name, None)
     labels = [t.strip() for t in query.getlist("label") if t.strip()]
@@ -200,8 +199,8 @@ def one_line(value: Any) -> str:
 def run_input(context: Any, run: Any) -> str:
     """The run's input as a JSON tree (redacted). Not in the run page's live refresh: the
     panel is kept as it is there (hx-preserve), so it stays open."""
-    request = context.get("request")
-    if request is not None and request.resolver_match.url_name == "run-live":
+    match = getattr(context.get("request"), "resolver_match", None)
+    if getattr(match, "url_name", "") == "run-live":
         return ""
     from debugger.views import input_tree
 
