@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentrun', '0010_step_crashes'),
+        ('agentrun', '0011_admin_names'),
     ]
 
     operations = [
