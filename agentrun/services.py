@@ -204,12 +204,42 @@ def decide_approval(
 class ForkError(ValueError):
     """A fork request that can't be honoured; `field` names the bad input."""
 
-    def __init__(self, message: str, field: str = ""):
+    def __init__(self, message: str, field: str = "", path: str | None = None):
         super().__init__(message)
         self.field = field
+        self.path = path  # where in an edited state, when the schema says
 
 
 FORK_MODES = ("sandbox", "recorded", "live")
+
+
+def check_fork_state(agent: Any, state: Any) -> None:
+    """Raise ForkError unless `state` may be a fork's edited state of `agent`'s runs:
+    storable, not too large, and valid for the agent's schema (what fork_run checks)."""
+    problem = storable.shape_problem(
+        state, depth=storable.max_depth(state=True), text=True, what="state"
+    )
+    if problem:
+        raise ForkError(problem, "state")
+    size = len(json.dumps(state, default=str).encode())
+    if size > settings.AGENTRUN_MAX_INPUT_BYTES * 8:
+        raise ForkError(f"state is {size} bytes; too large", "state")
+    try:
+        agent.validate_state(state)
+    except ValueError as exc:
+        raise ForkError(f"state: {exc}", "state", getattr(exc, "path", None)) from None
+
+
+def check_fork_phase(state: Any) -> None:
+    """Raise ForkError if a fork from `state` would have nothing to run."""
+    phase = state.get("phase") if isinstance(state, dict) else None
+    if phase in ("done", "error"):
+        raise ForkError(
+            f"the state's phase is {phase!r}: nothing would run. Fork from an earlier "
+            "snapshot (e.g. the pre snapshot of that step) or edit the phase",
+            "state",
+            "phase",
+        )
 
 
 def side_effects_after(run: Run, step: int, at: str) -> list[ToolCall]:
@@ -275,25 +305,9 @@ def fork_run(
     source_state = snapshots.load_state(source)
     new_state = source_state if state is None else state
     if state is not None:
-        problem = storable.shape_problem(
-            state, depth=storable.max_depth(state=True), text=True, what="state"
-        )
-        if problem:
-            raise ForkError(problem, "state")
-        size = len(json.dumps(state, default=str).encode())
-        if size > settings.AGENTRUN_MAX_INPUT_BYTES * 8:
-            raise ForkError(f"state is {size} bytes; too large", "state")
-        try:
-            agent.validate_state(state)
-        except ValueError as exc:
-            raise ForkError(f"state: {exc}", "state") from None
+        check_fork_state(agent, state)
+    check_fork_phase(new_state)
     phase = new_state.get("phase") if isinstance(new_state, dict) else None
-    if phase in ("done", "error"):
-        raise ForkError(
-            f"the state's phase is {phase!r}: nothing would run. Fork from an earlier "
-            "snapshot (e.g. the pre snapshot of that step) or edit the phase",
-            "state",
-        )
     if mode == "live" and not confirm_live and side_effects_after(run, step, at):
         raise ForkError("a live fork runs write/hybrid tools for real: confirm it", "confirm_live")
     first = step if at == "pre" else step + 1

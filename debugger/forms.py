@@ -262,7 +262,27 @@ FORK_MODES = (
 )
 
 
-class ForkForm(forms.Form):
+class ForkStateForm(forms.Form):
+    """The fork form's state alone: what the page's live check validates."""
+
+    state = forms.CharField(
+        strip=False,
+        error_messages={
+            "required": "The state can't be empty: leave the snapshot's state as it is "
+            "to replay it unchanged."
+        },
+    )
+
+    def clean_state(self) -> Any:
+        state = parse_json(self.cleaned_data["state"])
+        try:
+            check_storable(state, "the state")
+        except ValueError as exc:
+            raise forms.ValidationError(f"{exc}.", code="text") from None
+        return state
+
+
+class ForkForm(ForkStateForm):
     mode = forms.ChoiceField(
         choices=[(value, name) for value, name, _ in FORK_MODES],
         initial="sandbox",
@@ -272,22 +292,7 @@ class ForkForm(forms.Form):
         },
     )
     reason = forms.CharField(required=False, max_length=2000)
-    state = forms.CharField(
-        strip=False,
-        error_messages={
-            "required": "The state can't be empty: leave the snapshot's state as it is "
-            "to replay it unchanged."
-        },
-    )
     confirm_live = forms.BooleanField(required=False)
-
-    def clean_state(self) -> Any:
-        state = parse_json(self.cleaned_data["state"])
-        try:
-            check_storable(state, "the state")
-        except ValueError as exc:
-            raise forms.ValidationError(f"{exc}.", code="text") from None
-        return state
 
 
 def _no_constant(name: str) -> Any:

@@ -31,6 +31,11 @@ urlpatterns = [
     path("runs/<uuid:run_id>/steps/<int:number>/<at:at>/", views.snapshot, name="snapshot"),
     path("runs/<uuid:run_id>/steps/<int:number>/<at:at>/fork/", views.fork, name="run-fork"),
     path(
+        "runs/<uuid:run_id>/steps/<int:number>/<at:at>/fork/check/",
+        views.fork_check,
+        name="run-fork-check",
+    ),
+    path(
         "runs/<uuid:run_id>/steps/<int:number>/<at:at>.json",
         views.snapshot_json,
         name="snapshot-json",

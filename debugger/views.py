@@ -522,6 +522,7 @@ def _fork_page(
 ) -> HttpResponse:
     """The form: a new one prefilled with the snapshot's state, or a posted one."""
     changes: StateDiff | None = None
+    check: forks.StateCheck | None = None
     if form is None and source is not None:
         [state] = load_states([source])
         form = ForkForm(initial={"mode": "sandbox", "state": forks.state_text(state)})
@@ -529,6 +530,8 @@ def _fork_page(
         [original] = load_states([source])
         changes = diff_states(original, edited, source.size)
     assert form is not None  # a GET without a snapshot is a 404 before this
+    if changes is not None or (form.is_bound and not form.errors and edited is None):
+        check = forks.StateCheck(diff=changes or StateDiff([]), checked=False)
     mode = form["mode"].value() or "sandbox"
     context = {
         "run": run,
@@ -545,6 +548,8 @@ def _fork_page(
         # The script may leave the state out of the next post while it is the snapshot's.
         "pristine": not form.is_bound or ("state" not in form.errors and edited is None),
         "view": "edit",
+        "check": check,
+        "max_bytes": forks.upload_limit(),
         **abilities(request),
     }
     return render(request, "debugger/fork.html", context, status=status)
@@ -638,6 +643,23 @@ def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="agentrun-audit-{stamp}.csv"'
     return response
+
+
+# --- the fork page's live check of the edited state (c-forkeditor) -------------------------
+
+
+@role_required
+@require_POST
+def fork_check(request: HttpRequest, run_id: Any, number: int, at: str) -> HttpResponse:
+    """The edited state checked as a fork would check it, and its diff: a fragment."""
+    run = get_run_for(request, run_id, "operate")
+    source = Snapshot.objects.filter(run=run, step=number, at=at).defer("data").first()
+    if source is None:
+        raise Http404("no such snapshot")
+    check = forks.check_state(run, source, request.POST.get("state"))
+    context = {"check": check, "view": "edit", "run": run, "number": number, "at": at}
+    # The check was made: its answer, valid or not, is the fragment (htmx swaps a 200).
+    return render(request, "debugger/fork.html#check", context)
 
 
 # --- b-labels: the run list's rows, a run's input ------------------------------------------
