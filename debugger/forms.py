@@ -49,6 +49,8 @@ class RunFilterForm(DateRangeMixin):
         required=False, choices=[("", "any status"), ("active", "active"), *RunStatus.choices]
     )
     agent = forms.ChoiceField(required=False, choices=[])
+    # g-retention: ?pinned=1, the runs kept from retention.
+    pinned = forms.BooleanField(required=False, label="Pinned only")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -68,6 +70,8 @@ class RunFilterForm(DateRangeMixin):
         runs = runs.filter(self.date_q("created_at"))
         if data["q"]:
             runs = runs.filter(_search_q(data["q"].strip()))
+        if data.get("pinned"):
+            runs = runs.filter(pinned_at__isnull=False)
         return runs
 
 
@@ -291,3 +295,13 @@ def parse_json(text: str) -> Any:
         raise forms.ValidationError(f"Invalid JSON: {exc}.", code="json") from None
     except RecursionError:
         raise forms.ValidationError("Invalid JSON: nested too deeply.", code="json") from None
+
+
+# --- pins (g-retention) --------------------------------------------------------------
+
+
+class PinForm(forms.Form):
+    reason = forms.CharField(
+        max_length=2000,
+        error_messages={"required": "a pin needs a reason, e.g. the incident it is kept for"},
+    )

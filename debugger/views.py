@@ -32,6 +32,7 @@ from debugger.forms import (
     DiffForm,
     ForkForm,
     NowFilterForm,
+    PinForm,
     RunFilterForm,
 )
 from debugger.jsontree import (
@@ -139,6 +140,8 @@ def now(request: HtmxHttpRequest) -> HttpResponse:
 @role_required
 def run_detail(request: HtmxHttpRequest, run_id: Any, number: int | None = None) -> HttpResponse:
     run = get_run_for(request, run_id)
+    if run.purged_at is not None:
+        return purged_run(request, run, number)
     if number is not None and _fragment(request, "step-body"):
         step = get_object_or_404(Step, run=run, number=number)
         if request.GET.get("v") == timeline.version(run) and run.is_active:
@@ -631,3 +634,54 @@ def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="agentrun-audit-{stamp}.csv"'
     return response
+
+
+# --- pins and purged runs (g-retention) ---------------------------------------------------
+
+
+@role_required
+@require_POST
+def pin_run(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = get_run_for(request, run_id, "operate")
+    form = PinForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not pinned: the reason {_form_problem(form)}")
+        return _back(request, run)
+    try:
+        services.pin_run(run, user=request.user, reason=form.cleaned_data["reason"])
+        messages.success(request, "Pinned: retention keeps this run and its fork lineage.")
+    except (services.PinError, services.ActionError) as exc:
+        messages.error(request, f"Not pinned: {exc}")
+    return _back(request, run)
+
+
+@role_required
+@require_POST
+def unpin_run(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = get_run_for(request, run_id, "operate")
+    form = CancelForm(request.POST)  # an optional reason
+    if not form.is_valid():
+        messages.error(request, f"Not unpinned: the reason {_form_problem(form)}")
+        return _back(request, run)
+    try:
+        services.unpin_run(run, user=request.user, reason=form.cleaned_data["reason"])
+        messages.success(request, "Unpinned: retention purges this run when its time comes.")
+    except (services.PinError, services.ActionError) as exc:
+        messages.error(request, f"Not unpinned: {exc}")
+    return _back(request, run)
+
+
+def purged_run(request: HttpRequest, run: Run, number: int | None) -> HttpResponse:
+    """A purged run: its record, events and side-effecting calls (what retention keeps)."""
+    from agentrun.models import Event, ToolCall
+
+    context = {
+        "run": run,
+        "step_asked": number,
+        "events": Event.objects.filter(run=run).order_by("created_at", "id"),
+        "calls": ToolCall.objects.filter(run=run)
+        .select_related("step")
+        .order_by("step__number", "index"),
+        **abilities(request),
+    }
+    return render(request, "debugger/run_purged.html", context)
