@@ -360,3 +360,19 @@ def test_the_event_log_refuses_what_the_purge_never_does(people):
         Event.objects.filter(run=run).update(reason="rewritten")
     assert not Event.objects.filter(reason="rewritten").exists()
     assert json.dumps(retention.purge(MONTH).as_dict())
+
+
+def test_runs_with_no_fork_family_go_in_groups_across_every_boundary(monkeypatch, people, family):
+    monkeypatch.setattr(retention, "RUNS_PER_GROUP", 2)
+    monkeypatch.setattr(retention, "RUNS_PER_PAGE", 3)
+    plain = [drive(make_run(READS)) for _ in range(4)]
+    age(*plain)
+    services.pin_run(plain[1], user=people["operator"], reason="incident #3")
+
+    report = retention.purge(MONTH, batch=7)
+
+    everything_else = set(Run.objects.exclude(pk=plain[1].pk).values_list("pk", flat=True))
+    assert len(everything_else) == 8
+    assert set(report.run_ids) == everything_else and len(report.run_ids) == 8
+    assert all(purged(run) for run in Run.objects.exclude(pk=plain[1].pk))
+    assert Snapshot.objects.count() == 10 and rows(plain[1]) == (5, 10, 4)
