@@ -188,6 +188,39 @@ def start_stepper(
     return proc, out, until
 
 
+class LockWatch(threading.Thread):
+    """Samples, every 100 ms, how many of the database's sessions wait on a lock (its own
+    connection: psycopg, not Django's)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples = 0
+        self.waiting = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import psycopg
+        from django.db import connection
+
+        db = connection.settings_dict
+        with psycopg.connect(
+            host=db["HOST"] or "127.0.0.1",
+            port=db["PORT"] or 5432,
+            user=db["USER"],
+            password=db["PASSWORD"] or None,
+            dbname=db["NAME"],
+            autocommit=True,
+        ) as conn:
+            while not self.stop.is_set():
+                (n,) = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                ).fetchone()
+                self.samples += 1
+                self.waiting += bool(n)
+                time.sleep(0.1)
+
+
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))] * 1000
@@ -244,9 +277,13 @@ def main() -> None:
 
         proc, out, until = start_stepper(3600, args.live, tmp, "during")
         time.sleep(3)  # the stepper's threads are going
+        locks = LockWatch()
+        locks.start()
         t0 = time.monotonic()
         report = retention.purge(timedelta(days=30), batch=settings.AGENTRUN_PURGE_BATCH)
         purge_s = time.monotonic() - t0
+        locks.stop.set()
+        locks.join()
         until.touch()
         proc.wait()
         during = json.loads(out.read_text())
@@ -260,6 +297,10 @@ def main() -> None:
         flush=True,
     )
     print(f"live steps during the purge: {summary(during)}")
+    print(
+        f"sessions waiting on a lock: in {locks.waiting} of {locks.samples} samples "
+        "(every 100 ms during the purge)"
+    )
     ratio = pct(during, 0.99) / pct(baseline, 0.99)
     ratio50 = statistics.median(during) / statistics.median(baseline)
     print(f"p99 during / alone: {ratio:.2f}x (p50 {ratio50:.2f}x)")

@@ -562,6 +562,11 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
             context["with_error"] = str(exc)
     elif run.parent_id:
         other = run.parent
+    if run.purged_at is not None:
+        return purged_run(request, run, None)
+    if other is not None and other.purged_at is not None:  # g-retention
+        context["with_error"] = f"run {other.pk} was purged by retention: no states to compare"
+        other = None
     if other is None:
         context["fork_tree"] = forks.tree(run)
         status = 400 if "with_error" in context else 200

@@ -108,3 +108,17 @@ def test_a_purged_run_shows_what_the_audit_kept(client_for, people):
     assert key in audit.content.decode()
     # The pin form is gone for operators too: there is nothing left to keep.
     assert "/pin/" not in client_for("operator").get(f"/runs/{failed.pk}/").content.decode()
+
+
+def test_compare_with_a_purged_run_says_so_instead_of_failing(client_for, people):
+    kept = runs.walkthrough_run(people["operator"])
+    gone = runs.walkthrough_run(people["operator"])
+    Run.objects.filter(pk=gone.pk).update(finished_at=timezone.now() - timedelta(days=40))
+    assert retention.purge(timedelta(days=30)).run_ids == [gone.pk]
+    client = client_for("viewer")
+    response = client.get(f"/runs/{kept.pk}/compare/?with={gone.pk}")
+    assert response.status_code == 400
+    assert b"was purged by retention: no states to compare" in response.content
+    response = client.get(f"/runs/{gone.pk}/compare/?with={kept.pk}")
+    assert response.status_code == 200 and b"Retention purged this run" in response.content
+    assert client.get(f"/runs/{gone.pk}/steps/2/diff/").status_code == 404
