@@ -394,12 +394,18 @@ def _count_rows(run_id: Any, report: PurgeReport) -> None:
     )
 
 
+def pass_budget() -> float:
+    """Seconds one beat pass works: half the interval, and within the task's time limits
+    (and so the broker's redelivery timeout); the next pass goes on where it stopped."""
+    return min(settings.AGENTRUN_PURGE_EVERY / 2, settings.AGENTRUN_STEP_TIME_LIMIT * 0.8)
+
+
 def run_pass() -> dict[str, Any]:
-    """What beat runs: one pass with the configured retention, within half the interval
-    (the next pass goes on where it stopped); nothing when retention is off."""
+    """What beat runs: one pass with the configured retention, within pass_budget();
+    nothing when retention is off."""
     if retention() is None:
         return {"skipped": "retention is off (AGENTRUN_RETENTION_DAYS=0)"}
-    report = purge(max_seconds=settings.AGENTRUN_PURGE_EVERY / 2)
+    report = purge(max_seconds=pass_budget())
     if report.runs:
         record(report, actor="retention")
     return report.as_dict()

@@ -243,7 +243,7 @@ CELERY_BEAT_SCHEDULE = {
 AGENTRUN_RETENTION_DAYS = env_float("AGENTRUN_RETENTION_DAYS", 30.0)
 if AGENTRUN_RETENTION_DAYS < 0:
     raise ValueError("AGENTRUN_RETENTION_DAYS must be 0 (keep forever) or more")
-# Seconds between purge passes (beat); a pass stops after half of it and the next goes on.
+# Seconds between purge passes (beat); see agentrun.retention.pass_budget for how long one works.
 AGENTRUN_PURGE_EVERY = env_float("AGENTRUN_PURGE_EVERY", 3600.0)
 # Rows one purge statement deletes (each its own short transaction).
 AGENTRUN_PURGE_BATCH = env_int("AGENTRUN_PURGE_BATCH", 1000)

@@ -376,3 +376,19 @@ def test_runs_with_no_fork_family_go_in_groups_across_every_boundary(monkeypatch
     assert set(report.run_ids) == everything_else and len(report.run_ids) == 8
     assert all(purged(run) for run in Run.objects.exclude(pk=plain[1].pk))
     assert Snapshot.objects.count() == 10 and rows(plain[1]) == (5, 10, 4)
+
+
+def test_a_beat_pass_stops_within_its_budget_and_the_next_one_goes_on(settings, monkeypatch):
+    settings.AGENTRUN_RETENTION_DAYS = 30
+    settings.AGENTRUN_PURGE_EVERY = 3600
+    settings.AGENTRUN_STEP_TIME_LIMIT = 300
+    assert retention.pass_budget() == 240  # under the task's time limit, not half an hour
+    old = [drive(make_run(READS)) for _ in range(3)]
+    age(*old)
+    monkeypatch.setattr(retention, "pass_budget", lambda: 0.0)
+    monkeypatch.setattr(retention, "RUNS_PER_GROUP", 1)
+    first = retention.run_pass()
+    assert (first["runs"], first["complete"]) == (0, False)
+    monkeypatch.setattr(retention, "pass_budget", lambda: 600.0)
+    second = retention.run_pass()
+    assert (second["runs"], second["complete"]) == (3, True)
