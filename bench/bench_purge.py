@@ -233,6 +233,21 @@ def summary(values: list[float]) -> str:
     )
 
 
+def _create_database() -> None:
+    """The database DATABASE_URL names, created if it is missing."""
+    from urllib.parse import urlparse
+
+    import psycopg
+
+    url = os.environ.get("DATABASE_URL", "")
+    assert url.startswith("postgres"), "give it a PostgreSQL DATABASE_URL of its own"
+    name = urlparse(url).path.lstrip("/")
+    admin = urlparse(url)._replace(path="/postgres", query="").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=1_000_000)
@@ -240,6 +255,7 @@ def main() -> None:
     parser.add_argument("--live", type=int, default=4, help="threads stepping live runs")
     parser.add_argument("--baseline", type=float, default=30.0, help="seconds of stepping alone")
     args = parser.parse_args()
+    _create_database()
     _setup()
     from django.conf import settings
     from django.core.management import call_command
