@@ -26,7 +26,7 @@ from ninja.security import APIKeyCookie, HttpBearer
 from pydantic import StringConstraints
 
 from agentrun import api_schemas as s
-from agentrun import inflight, services, snapshots
+from agentrun import inflight, retention, services, snapshots
 from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput
 from agentrun.api_base import Api, ApiError
@@ -154,7 +154,7 @@ api = Api(
 
 def _get_run(run_id: uuid.UUID | str) -> Run:
     run = (
-        Run.objects.select_related("created_by", "forked_from")
+        Run.objects.select_related("created_by", "forked_from", "pinned_by")
         .prefetch_related("labels")
         .filter(pk=run_id)
         .first()
@@ -191,7 +191,17 @@ def summary_json(run: Run) -> dict[str, Any]:
         "tokens_in": run.tokens_in,
         "tokens_out": run.tokens_out,
         "labels": run_labels.of(run),
+        **retention_json(run),
     }
+
+
+def retention_json(run: Run) -> dict[str, Any]:
+    """g-retention: the run's pin and when retention purges it."""
+    pin = None
+    if run.pinned_at is not None:
+        by = run.pinned_by.get_username() if run.pinned_by else None
+        pin = {"at": run.pinned_at, "by": by, "reason": run.pin_reason}
+    return {"pin": pin, "purged_at": run.purged_at, "purge_after": retention.purge_after(run)}
 
 
 def _tool_call(tc: ToolCall) -> dict[str, Any]:
@@ -232,7 +242,13 @@ def detail_json(run: Run) -> dict[str, Any]:
     steps = run.steps.order_by("number").prefetch_related(
         Prefetch("tool_calls", queryset=ToolCall.objects.order_by("index"))
     )
-    return {**summary_json(run), "input": redact(run.input), "steps": [_step(s) for s in steps]}
+    kept_by = retention.kept_by(run) if run.pinned_at is None and run.purged_at is None else None
+    return {
+        **summary_json(run),
+        "input": redact(run.input),
+        "steps": [_step(s) for s in steps],
+        "kept_by": str(kept_by.pk) if kept_by else None,
+    }
 
 
 def _side_effect(tc: ToolCall) -> dict[str, Any]:
@@ -345,8 +361,13 @@ def list_runs(
             "Repeat it for runs with all of them."
         ),
     ] = [],  # noqa: B006 -- Ninja copies the default
+    pinned: Annotated[
+        bool | None, Query(description="true: only pinned runs; false: only unpinned ones.")
+    ] = None,
 ) -> dict[str, Any]:
     qs = Run.objects.all()
+    if pinned is not None:
+        qs = qs.filter(pinned_at__isnull=not pinned)
     if status:
         qs = qs.filter(status=status)
     if agent:
@@ -356,7 +377,7 @@ def list_runs(
     except run_labels.InvalidLabels as exc:
         raise ApiError(400, str(exc), field="label") from None
     page = (
-        qs.select_related("created_by", "forked_from")
+        qs.select_related("created_by", "forked_from", "pinned_by")
         .prefetch_related("labels")
         .order_by("-created_at", "-id")
     )
@@ -399,6 +420,8 @@ def get_snapshot(
     at: Annotated[s.At, Path(description="Before or after the step.")],
 ) -> dict[str, Any]:
     run = _get_run(run_id)
+    if run.purged_at is not None:
+        raise ApiError(404, f"run {run.pk} was purged by retention: its snapshots are gone")
     try:
         snap = snapshots.get(run.pk, step, at)
     except Snapshot.DoesNotExist:
@@ -408,6 +431,7 @@ def get_snapshot(
 
 ACTION_ERRORS = _errors(400, 401, 403, 404, 409, 413)
 NO_REASON = s.Reason.model_validate({})  # no body at all
+UNPIN_NO_REASON = s.UnpinRequest.model_validate({})
 
 
 @api.post(
@@ -579,6 +603,41 @@ def get_in_flight(
 ) -> dict[str, Any]:
     """What the Now page shows: every active run's current step, by state and worker."""
     return inflight_json(inflight.snapshot(worker=worker, state=state or "", limit=limit))
+
+
+# --- pins (g-retention) -----------------------------------------------------------------
+
+
+@api.post(
+    "/runs/{run_id}/pin",
+    response={200: s.RunDetail, **ACTION_ERRORS},
+    summary="Keep a run from retention, with its fork ancestors and descendants (operators); "
+    "pinning a pinned run changes its reason",
+)
+def pin_run(request: HttpRequest, run_id: RunId, body: s.PinRequest) -> dict[str, Any]:
+    return _pin_action(request, run_id, services.pin_run, body.reason)
+
+
+@api.post(
+    "/runs/{run_id}/unpin",
+    response={200: s.RunDetail, **ACTION_ERRORS},
+    summary="Let retention purge a pinned run again when its time comes (operators)",
+)
+def unpin_run(
+    request: HttpRequest, run_id: RunId, body: s.UnpinRequest = UNPIN_NO_REASON
+) -> dict[str, Any]:
+    return _pin_action(request, run_id, services.unpin_run, body.reason)
+
+
+def _pin_action(request: HttpRequest, run_id: uuid.UUID, action: Any, reason: str) -> dict:
+    run = _get_run(run_id)
+    try:
+        action(run, user=request.user, reason=reason)
+    except services.PinError as exc:
+        raise ApiError(400, str(exc), field="reason") from None
+    except services.ActionError as exc:
+        raise ApiError(409, str(exc)) from None
+    return detail_json(_get_run(run_id))
 
 
 @api.get(

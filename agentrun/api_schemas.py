@@ -25,7 +25,7 @@ from agentrun.models import (
     ToolCallStatus,
     WaitReason,
 )
-from agentrun.services import FORK_MODES
+from agentrun.services import FORK_MODES, PIN_REASON_MAX
 from agentrun.storable import TEXT_PATTERN
 
 #: A fork point or snapshot beyond this is out of range (snapshot positions are 32-bit).
@@ -233,6 +233,17 @@ class RunSummary(Response):
         description="The run's labels, by key. A fork has its parent's, and "
         f"`{run_labels.FORKED_FROM}`: the parent's id, its first 8 characters."
     )
+    # g-retention: pins and retention.
+    pin: Pin | None = Field(description="Set while the run is pinned (kept from retention).")
+    purged_at: datetime | None = Field(
+        description="When retention purged the run's steps, snapshots and read calls; its "
+        "events and write/hybrid calls (with their steps) stay."
+    )
+    purge_after: datetime | None = Field(
+        description="A finished, unpinned run: when retention may purge it, at the "
+        "earliest (a pinned fork ancestor or descendant keeps it longer). Null when "
+        "it is active, pinned, purged, or retention is off."
+    )
 
 
 class ToolCall(Response):
@@ -276,6 +287,9 @@ class RunDetail(RunSummary):
         "credentials found in text are `[REDACTED]`, as in every state the API shows."
     )
     steps: list[Step]
+    kept_by: UUID | None = Field(
+        description="A pinned fork ancestor or descendant that keeps this run from retention."
+    )
 
 
 class RunList(Response):
@@ -417,3 +431,37 @@ class InFlight(Response):
 
 #: Every member a fork request may have.
 FORK_FIELDS = tuple(Fork.model_fields)
+
+
+# --- pins (g-retention) ---------------------------------------------------------------
+
+#: A reason with something besides blanks (services.BLANK) and no NUL.
+PIN_REASON_PATTERN = r"^[^\u0000]*[^\u0000 \t\n\r\f\v][^\u0000]*$"
+
+
+class Pin(Response):
+    at: datetime
+    by: str | None = Field(description="The operator who pinned it (a username).")
+    reason: str
+
+
+class PinRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "incident #123"}]})
+
+    reason: Annotated[
+        str,
+        StringConstraints(pattern=PIN_REASON_PATTERN, min_length=1, max_length=PIN_REASON_MAX),
+    ] = Field(description="Why the run is kept, e.g. the incident; recorded in the audit trail.")
+
+
+class UnpinRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "incident closed"}]})
+
+    reason: Annotated[Text, StringConstraints(max_length=PIN_REASON_MAX)] = Field(
+        "", description="Why; recorded in the audit trail."
+    )
+
+
+# RunSummary names Pin before it is defined (above, to keep this block together).
+for _model in (RunSummary, RunDetail, RunList):
+    _model.model_rebuild()

@@ -101,6 +101,17 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Retention (agentrun.retention): a pinned run, its fork ancestors and descendants
+    # are never purged. A purged run keeps this row, its events and its side-effecting
+    # tool calls; purged_at is set when the purge takes the run, purge_done when its
+    # steps, snapshots and read calls are all gone.
+    pinned_at = models.DateTimeField(null=True, blank=True)
+    pinned_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    pin_reason = models.TextField(blank=True)
+    purged_at = models.DateTimeField(null=True, blank=True)
+    purge_done = models.BooleanField(default=False)
 
     objects = RunQuerySet.as_manager()
 
@@ -114,6 +125,25 @@ class Run(models.Model):
             # table's fillfactor (migration 0007) leaves room on the page for them.
             models.Index(fields=["status", "-created_at"], name="run_status_created"),
             models.Index(fields=["agent", "-created_at"], name="run_agent_created"),
+            # The purge's candidates: finished, not purged, not pinned, oldest first. Each
+            # column in it changes once in a run's life, so step updates stay HOT.
+            models.Index(
+                fields=["finished_at"],
+                condition=Q(
+                    finished_at__isnull=False, purged_at__isnull=True, pinned_at__isnull=True
+                ),
+                name="run_purge_candidates",
+            ),
+            # The run list's pinned filter (?pinned=1), newest first.
+            models.Index(
+                fields=["-created_at"], condition=Q(pinned_at__isnull=False), name="run_pinned"
+            ),
+            # A purge interrupted half-way: the next pass finishes it.
+            models.Index(
+                fields=["purged_at"],
+                condition=Q(purged_at__isnull=False, purge_done=False),
+                name="run_purging",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -122,6 +152,14 @@ class Run(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in ACTIVE_STATUSES
+
+    @property
+    def is_pinned(self) -> bool:
+        return self.pinned_at is not None
+
+    @property
+    def is_purged(self) -> bool:
+        return self.purged_at is not None
 
     @property
     def is_fork(self) -> bool:

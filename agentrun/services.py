@@ -284,6 +284,8 @@ def fork_run(
         raise ForkError(f"mode must be one of {', '.join(FORK_MODES)}", "mode")
     if not isinstance(reason, str):
         raise ForkError("reason must be a string", "reason")
+    if run.purged_at is not None:
+        raise ForkError(_purged(run))
     try:
         fork_labels = run_labels.for_fork(
             {**run_labels.of(run), **run_labels.check(labels)}, run.pk
@@ -313,6 +315,11 @@ def fork_run(
     first = step if at == "pre" else step + 1
     edits = delta.diff(source_state, new_state) if state is not None else []
     with transaction.atomic():
+        # Retention takes a run with a conditional UPDATE of its row: with the row locked
+        # here, either the purge sees this fork (and keeps the run) or this sees the purge.
+        locked = Run.objects.select_for_update(no_key=True).filter(pk=run.pk)
+        if locked.values_list("purged_at", flat=True).first() is not None:
+            raise ForkError(_purged(run))
         fork = Run.objects.create(
             agent=run.agent,
             agent_version=agent.version,
@@ -349,3 +356,80 @@ def fork_run(
     # An in-process executor (and a worker sharing this process) starts warm.
     engine.remember_state(fork.pk, snap, new_state, node)
     return fork
+
+
+# --- pins (g-retention) ----------------------------------------------------------------
+
+
+def _purged(run: Run) -> str:
+    return "the run was purged by retention: its snapshots are gone (its audit trail stays)"
+
+
+#: What a pin's reason may not be only made of (the API's pattern says the same).
+BLANK = " \t\n\r\f\v"
+PIN_REASON_MAX = 2000
+
+
+class PinError(ValueError):
+    """A pin request with bad input (no reason, too long): nothing changed."""
+
+
+def _pin_reason(reason: Any) -> str:
+    if not isinstance(reason, str) or not reason.strip(BLANK):
+        raise PinError("a pin needs a reason, e.g. the incident it is kept for")
+    if len(reason) > PIN_REASON_MAX:
+        raise PinError(f"the reason is {len(reason)} characters; at most {PIN_REASON_MAX}")
+    problem = storable.shape_problem(reason, text=True, what="reason")
+    if problem:
+        raise PinError(problem)
+    return reason.strip(BLANK)
+
+
+def pin_run(run: Run, *, user: Any, reason: Any) -> Run:
+    """Keep a run from retention, with its fork ancestors and descendants ("incident #123").
+
+    Pinning a pinned run changes its reason. Refused (ActionError) once the run is purged.
+    """
+    reason = _pin_reason(reason)
+    now = timezone.now()
+    with transaction.atomic():
+        # Conditional: a purge that took the run first wins, and this one says so.
+        pinned = Run.objects.filter(pk=run.pk, purged_at__isnull=True).update(
+            pinned_at=run.pinned_at or now, pinned_by=user, pin_reason=reason, updated_at=now
+        )
+        if not pinned:
+            raise ActionError("the run was purged by retention: there is nothing left to keep")
+        record_event(
+            "run_pinned",
+            run=run,
+            user=user,
+            reason=reason,
+            payload={"repinned": run.pinned_at is not None},
+        )
+    run.refresh_from_db()
+    return run
+
+
+def unpin_run(run: Run, *, user: Any, reason: Any = "") -> Run:
+    """Let retention purge the run again when its time comes (ActionError if not pinned)."""
+    if not isinstance(reason, str) or len(reason) > PIN_REASON_MAX:
+        raise PinError(f"the reason must be text of at most {PIN_REASON_MAX} characters")
+    problem = storable.shape_problem(reason, text=True, what="reason")
+    if problem:
+        raise PinError(problem)
+    now = timezone.now()
+    with transaction.atomic():
+        unpinned = Run.objects.filter(pk=run.pk, pinned_at__isnull=False).update(
+            pinned_at=None, pinned_by=None, pin_reason="", updated_at=now
+        )
+        if not unpinned:
+            raise ActionError("the run is not pinned")
+        record_event(
+            "run_unpinned",
+            run=run,
+            user=user,
+            reason=reason.strip(BLANK),
+            payload={"was": run.pin_reason},
+        )
+    run.refresh_from_db()
+    return run

@@ -52,6 +52,8 @@ class RunFilterForm(DateRangeMixin):
     agent = forms.ChoiceField(required=False, choices=[])
     # Repeatable (?label=a=b&label=c): every one must match. The page draws its own input.
     label = forms.CharField(required=False, label="Label")
+    # g-retention: ?pinned=1, the runs kept from retention.
+    pinned = forms.BooleanField(required=False, label="Pinned only")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -71,6 +73,8 @@ class RunFilterForm(DateRangeMixin):
         runs = runs.filter(self.date_q("created_at"))
         if data["q"]:
             runs = runs.filter(_search_q(data["q"].strip()))
+        if data.get("pinned"):
+            runs = runs.filter(pinned_at__isnull=False)
         return run_labels.filter_runs(runs, data["label"])
 
     def clean_label(self) -> list[str]:
@@ -313,3 +317,13 @@ def parse_json(text: str) -> Any:
         raise forms.ValidationError(f"Invalid JSON: {exc}.", code="json") from None
     except RecursionError:
         raise forms.ValidationError("Invalid JSON: nested too deeply.", code="json") from None
+
+
+# --- pins (g-retention) --------------------------------------------------------------
+
+
+class PinForm(forms.Form):
+    reason = forms.CharField(
+        max_length=2000,
+        error_messages={"required": "a pin needs a reason, e.g. the incident it is kept for"},
+    )

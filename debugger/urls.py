@@ -45,4 +45,7 @@ urlpatterns = [
     path("diff/", views.diff_any, name="diff"),
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit-csv"),
+    # g-retention
+    path("runs/<uuid:run_id>/pin/", views.pin_run, name="run-pin"),
+    path("runs/<uuid:run_id>/unpin/", views.unpin_run, name="run-unpin"),
 ]

@@ -37,6 +37,7 @@ from debugger.forms import (
     DiffForm,
     ForkForm,
     NowFilterForm,
+    PinForm,
     RunFilterForm,
 )
 from debugger.jsontree import (
@@ -146,6 +147,8 @@ def now(request: HtmxHttpRequest) -> HttpResponse:
 @role_required
 def run_detail(request: HtmxHttpRequest, run_id: Any, number: int | None = None) -> HttpResponse:
     run = get_run_for(request, run_id)
+    if run.purged_at is not None:
+        return purged_run(request, run, number)
     if number is not None and _fragment(request, "step-body"):
         step = get_object_or_404(Step, run=run, number=number)
         if request.GET.get("v") == timeline.version(run) and run.is_active:
@@ -571,6 +574,11 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
             context["with_error"] = str(exc)
     elif run.parent_id:
         other = run.parent
+    if run.purged_at is not None:
+        return purged_run(request, run, None)
+    if other is not None and other.purged_at is not None:  # g-retention
+        context["with_error"] = f"run {other.pk} was purged by retention: no states to compare"
+        other = None
     if other is None:
         context["fork_tree"] = forks.tree(run)
         status = 400 if "with_error" in context else 200
@@ -720,3 +728,54 @@ def run_input_json(request: HttpRequest, run_id: Any) -> HttpResponse:
     response = HttpResponse(body, content_type="application/json; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-input.json"'
     return response
+
+
+# --- pins and purged runs (g-retention) ---------------------------------------------------
+
+
+@role_required
+@require_POST
+def pin_run(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = get_run_for(request, run_id, "operate")
+    form = PinForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not pinned: the reason {_form_problem(form)}")
+        return _back(request, run)
+    try:
+        services.pin_run(run, user=request.user, reason=form.cleaned_data["reason"])
+        messages.success(request, "Pinned: retention keeps this run and its fork lineage.")
+    except (services.PinError, services.ActionError) as exc:
+        messages.error(request, f"Not pinned: {exc}")
+    return _back(request, run)
+
+
+@role_required
+@require_POST
+def unpin_run(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = get_run_for(request, run_id, "operate")
+    form = CancelForm(request.POST)  # an optional reason
+    if not form.is_valid():
+        messages.error(request, f"Not unpinned: the reason {_form_problem(form)}")
+        return _back(request, run)
+    try:
+        services.unpin_run(run, user=request.user, reason=form.cleaned_data["reason"])
+        messages.success(request, "Unpinned: retention purges this run when its time comes.")
+    except (services.PinError, services.ActionError) as exc:
+        messages.error(request, f"Not unpinned: {exc}")
+    return _back(request, run)
+
+
+def purged_run(request: HttpRequest, run: Run, number: int | None) -> HttpResponse:
+    """A purged run: its record, events and side-effecting calls (what retention keeps)."""
+    from agentrun.models import Event, ToolCall
+
+    context = {
+        "run": run,
+        "step_asked": number,
+        "events": Event.objects.filter(run=run).order_by("created_at", "id"),
+        "calls": ToolCall.objects.filter(run=run)
+        .select_related("step")
+        .order_by("step__number", "index"),
+        **abilities(request),
+    }
+    return render(request, "debugger/run_purged.html", context)
