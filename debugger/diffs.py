@@ -14,7 +14,7 @@ import difflib
 import json
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -387,12 +387,15 @@ class SnapshotRef:
         return f"{self.run_id}:{self.step}:{self.at}"
 
     @classmethod
-    def parse(cls, text: str) -> SnapshotRef:
+    def parse(cls, text: str, find: Callable[[str], UUID] = UUID) -> SnapshotRef:
+        """`find` turns the run part into a run's id (a short id needs the database)."""
         parts = text.strip().split(":")
         if len(parts) != 3 or parts[2] not in ("pre", "post") or not parts[1].isdigit():
             raise SpecError(f"{text[:80]!r} is not <run-id>:<step>:<pre|post>")
         try:
-            run_id = UUID(parts[0])
-        except ValueError:
-            raise SpecError(f"{parts[0][:40]!r} is not a run id") from None
+            run_id = find(parts[0])
+        except ValueError as exc:
+            if find is UUID:
+                raise SpecError(f"{parts[0][:40]!r} is not a run id") from None
+            raise SpecError(str(exc)) from None
         return cls(run_id, int(parts[1]), parts[2])

@@ -9,6 +9,7 @@ from django.db.models import Q, QuerySet
 
 from agentrun import inflight
 from agentrun.models import Event, Run, RunStatus, ToolCall
+from agentrun.runids import resolve_run
 from agentrun.storable import check_storable
 from debugger.diffs import SnapshotRef, SpecError
 
@@ -201,17 +202,17 @@ class DiffForm(forms.Form):
     a = forms.CharField(
         label="From",
         max_length=200,
-        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>"}),
+        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>, e.g. 3f2a9c1e:4:post"}),
     )
     b = forms.CharField(
         label="To",
         max_length=200,
-        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>"}),
+        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>, e.g. 3f2a9c1e:4:post"}),
     )
 
     def _ref(self, name: str) -> SnapshotRef:
         try:
-            return SnapshotRef.parse(self.cleaned_data[name])
+            return SnapshotRef.parse(self.cleaned_data[name], find=lambda t: resolve_run(t).pk)
         except SpecError as exc:
             raise forms.ValidationError(str(exc)) from None
 

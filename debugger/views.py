@@ -20,6 +20,7 @@ from agentrun import inflight, services
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.delta import state_hash
 from agentrun.models import Run, Snapshot, Step
+from agentrun.runids import RunIdError, resolve_run
 from debugger import audit as audit_log
 from debugger import charts, compare, forks, timeline
 from debugger.access import abilities, get_run_for, role_required
@@ -548,19 +549,19 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     run = get_run_for(request, run_id)
     context: dict[str, Any] = {
         "run": run,
-        "with_text": request.GET.get("with", ""),
+        "with_text": request.GET.get("with", "").strip(),
         **abilities(request),
     }
     other = None
     if context["with_text"]:
         try:
-            other = compare.find_run(context["with_text"])
-        except ValueError as exc:
-            context["with_error"] = str(exc)
+            other = resolve_run(context["with_text"])
+        except RunIdError as exc:
+            context.update(with_error=str(exc), candidates=exc.candidates)
     elif run.parent_id:
         other = run.parent
     if other is None:
-        context["fork_tree"] = forks.tree(run)
+        context.update(fork_tree=forks.tree(run), picker=compare.picker(run))
         status = 400 if "with_error" in context else 200
         return render(request, "debugger/compare.html", context, status=status)
     cmp = compare.align(other, run)
@@ -579,6 +580,7 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     )
     if _fragment(request, "compare-diff"):
         return render(request, "debugger/compare.html#diff", context)
+    context["picker"] = compare.picker(run)
     return render(request, "debugger/compare.html", context)
 
 
