@@ -88,9 +88,7 @@ def dashed(compact: str) -> str:
 def distinct_prefix(run: Run, among: list[Run]) -> str:
     """The run's id cut where it stops sharing a prefix with the others (8 at least)."""
     mine = run.pk.hex
-    longest = max(
-        (_common(mine, other.pk.hex) for other in among if other.pk != run.pk), default=0
-    )
+    longest = max((_common(mine, other.pk.hex) for other in among if other.pk != run.pk), default=0)
     return mine[: max(8, longest + 1)]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from html import escape  # the stdlib's: same escaping as Django's, without the lazy wrapper
+
 from django.utils.safestring import SafeString, mark_safe
 
 from agentrun.models import Run, Snapshot
@@ -247,4 +248,3 @@ def picker(run: Run) -> list[PickGroup]:
     recent = Run.objects.exclude(pk__in=seen).order_by("-created_at", "pk")[:RECENT]
     groups.append(PickGroup("Recent runs", keep([Pick(r, "recent") for r in recent])))
     return [g for g in groups if g.picks]
-

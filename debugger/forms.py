@@ -202,12 +202,16 @@ class DiffForm(forms.Form):
     a = forms.CharField(
         label="From",
         max_length=200,
-        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>, e.g. 3f2a9c1e:4:post"}),
+        widget=forms.TextInput(
+            attrs={"placeholder": "<run-id>:<step>:<pre|post>, e.g. 3f2a9c1e:4:post"}
+        ),
     )
     b = forms.CharField(
         label="To",
         max_length=200,
-        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>, e.g. 3f2a9c1e:4:post"}),
+        widget=forms.TextInput(
+            attrs={"placeholder": "<run-id>:<step>:<pre|post>, e.g. 3f2a9c1e:4:post"}
+        ),
     )
 
     def _ref(self, name: str) -> SnapshotRef:

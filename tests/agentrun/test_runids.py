@@ -98,9 +98,7 @@ def test_dashes_go_back_where_a_uuid_has_them():
 def test_the_fork_command_takes_a_short_id(three):
     parent = drive(make_run(script(final())))
     out = StringIO()
-    call_command(
-        "fork", parent.pk.hex[:8], "1", "--at", "pre", "--mode", "sandbox", stdout=out
-    )
+    call_command("fork", parent.pk.hex[:8], "1", "--at", "pre", "--mode", "sandbox", stdout=out)
     fork = Run.objects.get(pk=out.getvalue().strip())
     assert fork.parent == parent
     count = Run.objects.count()

@@ -97,7 +97,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("run_id", help="the run to fork: its id, or the first 4+ characters of it")
+        parser.add_argument(
+            "run_id", help="the run to fork: its id, or the first 4+ characters of it"
+        )
         parser.add_argument("step", help="the step whose snapshot to fork from")
         parser.add_argument(
             "--at", required=True, help="pre (redo the step) or post (start at the next one)"
