@@ -313,32 +313,80 @@ def _sort_key(path: Path) -> tuple[tuple[int, Any], ...]:
 # --- inline text diff -----------------------------------------------------------------
 
 _WORDS = re.compile(r"\s+|\w+|[^\w\s]", re.UNICODE)
+_SPACE = re.compile(r"\s")
+TOKEN_CHARS = 40  # a replaced stretch this short without whitespace is a token (an id, a number)
 
 
 def text_diff(a: str, b: str) -> list[tuple[str, str]]:
-    """[(eq|del|ins, text)] by words; long unchanged stretches are shortened with "…"."""
+    """[(eq|del|ins|gap, text)]: prose by words, tokens by characters.
+
+    Two short strings without whitespace (ids, numbers, paths) are compared character
+    by character; anything else word by word, each replaced stretch shown whole as
+    deleted then inserted text, so that "Gas canister, 230 stakes" becoming "Aluminium
+    tent, stakes" reads as two phrases, not as interleaved words or letters. Long
+    unchanged stretches are shortened with "…".
+    """
+    if _is_token(a) and _is_token(b):
+        return _shorten(_by_chars(a, b))
     if len(a) + len(b) > TEXT_DIFF_MAX:
         ta, tb = a.splitlines(keepends=True), b.splitlines(keepends=True)
     else:
         ta, tb = _WORDS.findall(a), _WORDS.findall(b)
-    out: list[tuple[str, str]] = []
+    parts: list[tuple[str, str]] = []
     matcher = difflib.SequenceMatcher(None, ta, tb, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         old_text, new_text = "".join(ta[i1:i2]), "".join(tb[j1:j2])
         if tag == "equal":
+            parts.append(("eq", old_text))
+        else:
+            parts.extend((t, s) for t, s in (("del", old_text), ("ins", new_text)) if s)
+    out: list[tuple[str, str]] = []
+    for tag, old_text, new_text in _changes_whole(parts):
+        if tag == "eq":
             out.append(("eq", old_text))
-        elif tag == "replace" and len(old_text) + len(new_text) < 2000:
-            out.extend(_by_chars(old_text, new_text))
         else:
             out.extend((t, s) for t, s in (("del", old_text), ("ins", new_text)) if s)
     return _shorten(out)
 
 
+def _is_token(text: str) -> bool:
+    return 0 < len(text) <= TOKEN_CHARS and not _SPACE.search(text)
+
+
+def _trivial(text: str) -> bool:
+    """An unchanged stretch too small to read between two changes: spaces, a comma."""
+    return not any(c.isalnum() for c in text) and len(text.strip()) <= 1
+
+
+def _changes_whole(parts: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(eq, text, text) or (change, old, new): each run of changes as one old and one new.
+
+    A trivial unchanged stretch between two changes joins them (it is in both texts).
+    """
+    out: list[tuple[str, str, str]] = []
+    old: list[str] = []
+    new: list[str] = []
+    last = len(parts) - 1
+    for n, (tag, text) in enumerate(parts):
+        between = 0 < n < last and parts[n - 1][0] != "eq" and parts[n + 1][0] != "eq"
+        if tag == "eq" and not (between and _trivial(text)):
+            if old or new:
+                out.append(("change", "".join(old), "".join(new)))
+                old, new = [], []
+            out.append(("eq", text, text))
+        else:
+            if tag != "ins":
+                old.append(text)
+            if tag != "del":
+                new.append(text)
+    if old or new:
+        out.append(("change", "".join(old), "".join(new)))
+    return out
+
+
 def _by_chars(a: str, b: str) -> list[tuple[str, str]]:
-    """A replaced word refined to characters when most of it stayed (ids, numbers)."""
+    """One token against another, character by character."""
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
-    if matcher.ratio() < 0.6:
-        return [("del", a), ("ins", b)]
     out = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
