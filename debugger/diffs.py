@@ -31,6 +31,8 @@ FULL_CHARS = 20_000
 TEXT_DIFF_MIN = 60  # strings at least this long (or multi-line) get an inline text diff
 TEXT_DIFF_MAX = 100_000
 CONTEXT_CHARS = 80
+GROUP_OPEN_MAX = 10  # a group of more changes starts collapsed (unless the whole diff is small)
+SHOWN_MAX = 500  # changes rendered on a page; the rest are counted
 
 _ADDED = {"dictionary_item_added", "iterable_item_added", "attribute_added", "set_item_added"}
 _REMOVED = {
@@ -116,6 +118,40 @@ class Preview:
         return cls(json_type(value), text, full, json_size(value))
 
 
+def _counts(changes: Iterable[Change]) -> dict[str, int]:
+    counts = {"added": 0, "removed": 0, "changed": 0}
+    for c in changes:
+        if c.op in ("added", "appended", "inserted"):
+            counts["added"] += c.count
+        elif c.op in ("removed", "dropped"):
+            counts["removed"] += c.count
+        else:
+            counts["changed"] += 1
+    return counts
+
+
+@dataclass
+class ChangeGroup:
+    """The changes under one top-level key of the state ("$": the state itself)."""
+
+    key: str
+    changes: list[Change]
+    shown: list[Change]  # the ones the page has room for
+    open: bool  # shown expanded at first
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return _counts(self.changes)
+
+    @property
+    def summary(self) -> str:
+        return ", ".join(f"{n:,} {label}" for label, n in self.counts.items() if n)
+
+    @property
+    def hidden(self) -> int:
+        return len(self.changes) - len(self.shown)
+
+
 @dataclass
 class StateDiff:
     changes: list[Change]
@@ -128,15 +164,30 @@ class StateDiff:
 
     @property
     def counts(self) -> dict[str, int]:
-        counts = {"added": 0, "removed": 0, "changed": 0}
+        return _counts(self.changes)
+
+    @cached_property
+    def groups(self) -> list[ChangeGroup]:
+        """The changes by top-level key, in the order they come; at most SHOWN_MAX shown.
+
+        A group starts collapsed when it is big and the diff is not small.
+        """
+        by_key: dict[str, list[Change]] = {}
         for c in self.changes:
-            if c.op in ("added", "appended", "inserted"):
-                counts["added"] += c.count
-            elif c.op in ("removed", "dropped"):
-                counts["removed"] += c.count
-            else:
-                counts["changed"] += 1
-        return counts
+            by_key.setdefault(str(c.path[0]) if c.path else "$", []).append(c)
+        small = len(self.changes) <= GROUP_OPEN_MAX * 2
+        budget = SHOWN_MAX
+        groups = []
+        for key, changes in by_key.items():
+            shown = changes[: max(budget, 0)]
+            budget -= len(shown)
+            groups.append(ChangeGroup(key, changes, shown, small or len(changes) <= GROUP_OPEN_MAX))
+        return groups
+
+    @property
+    def hidden(self) -> int:
+        """Changes beyond SHOWN_MAX, left off the page."""
+        return max(0, len(self.changes) - SHOWN_MAX)
 
     @property
     def where(self) -> str:
