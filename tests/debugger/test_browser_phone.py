@@ -11,7 +11,8 @@ import uuid
 import pytest
 
 from agentrun import services, snapshots
-from tests.base import drive
+from agentrun.roles import create_user
+from tests.base import PASSWORD, drive
 from tests.debugger import runs
 from tests.debugger.browser import chromium, login, page_for, settle, shot
 
@@ -95,11 +96,22 @@ def test_every_page_fits_a_390_px_phone(live_server, browser, pages):
             shot(page, f"phone-{name}")
         assert {k: v for k, v in problems.items() if v} == {}
         assert len(problems) == len(pages) + 1
-        # The nav bar: user name and "Log out" inside the viewport, not spilling out.
+
+
+def test_a_long_user_name_and_log_out_stay_in_the_nav_bar(live_server, browser, people):
+    create_user("margarethe.vandenberg-operations", "admin", PASSWORD)
+    with page_for(browser, live_server.url, *PHONE) as (page, _watch):
+        login(page, "margarethe.vandenberg-operations")
         page.goto("/")
-        for selector in (".who .user", ".who .linkish", ".mainnav a:last-child"):
+        bar = page.locator(".topbar").bounding_box()
+        for selector in (".who .user", ".who .role", ".who .linkish", ".mainnav a:last-child"):
             box = page.locator(selector).bounding_box()
-            assert box and box["x"] >= 0 and box["x"] + box["width"] <= PHONE[0], selector
+            assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE[0], selector
+            assert box["y"] >= bar["y"] and box["y"] + box["height"] <= bar["y"] + bar["height"]
+        assert overflow(page) is None
+        shot(page, "phone-nav-long-name", full_page=False)
+        page.click(".who .linkish")
+        page.wait_for_url("**/login/**")
 
 
 def test_the_same_pages_at_desktop_width(live_server, browser, pages):
