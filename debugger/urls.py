@@ -1,4 +1,4 @@
-from django.urls import path, register_converter
+from django.urls import path, re_path, register_converter
 
 from debugger import views
 
@@ -39,4 +39,10 @@ urlpatterns = [
     path("diff/", views.diff_any, name="diff"),
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit-csv"),
+    # A short run id (not a whole UUID, which the paths above take): redirected to the run.
+    re_path(
+        r"^runs/(?P<prefix>[0-9a-fA-F-]{1,36})/(?P<rest>.*)$",
+        views.run_by_short_id,
+        name="run-short-id",
+    ),
 ]

@@ -633,3 +633,21 @@ def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="agentrun-audit-{stamp}.csv"'
     return response
+
+
+# --- short run ids in addresses: /runs/3f2a9c1e/... → /runs/<the whole id>/... ---------------
+
+
+@role_required
+def run_by_short_id(request: HttpRequest, prefix: str, rest: str = "") -> HttpResponse:
+    """An address with a run's short id, as typed from a page or a ticket: to the full one."""
+    try:
+        run = resolve_run(prefix)
+    except RunIdError as exc:
+        context = {"problem": str(exc), "candidates": exc.candidates, "rest": rest}
+        return render(request, "debugger/short_id.html", context, status=404)
+    if prefix == str(run.pk):  # the whole id already: the rest of the address is what's wrong
+        raise Http404("no such page of a run")
+    query = request.META.get("QUERY_STRING", "")
+    target = reverse("debugger:run-detail", args=[run.pk]) + rest
+    return redirect(f"{target}?{query}" if query else target)
