@@ -151,6 +151,21 @@ class ChangeGroup:
     def hidden(self) -> int:
         return len(self.changes) - len(self.shown)
 
+    @property
+    def inside(self) -> str:
+        """Where in the group the changes are, for a folded group: "notes +120, goal ~1"."""
+        by_key: dict[str, list[Change]] = {}
+        for c in self.changes:
+            if len(c.path) > 1:
+                by_key.setdefault(format_path(c.path[1:2]).lstrip("."), []).append(c)
+        parts = []
+        for key, changes in list(by_key.items())[:4]:
+            counts = _counts(changes)
+            signs = (("added", "+"), ("removed", "−"), ("changed", "~"))
+            parts.append(f"{key} " + " ".join(f"{m}{counts[k]:,}" for k, m in signs if counts[k]))
+        more = len(by_key) - len(parts)
+        return ", ".join(parts) + (f" and {more} more" if more > 0 else "")
+
 
 @dataclass
 class StateDiff:

@@ -55,6 +55,8 @@ def pages(people):
     other = runs.walkthrough_run(people["operator"], evidence="signed delivery note")
     state = snapshots.load(run.pk, 3, "pre")
     state["memory"]["goal"] = "Refund order 1042; hold no stock and write to the customer first"
+    # A big diff on the compare page: 120 notes in one group, which starts folded.
+    state["memory"]["notes"].update({f"n{i:03}": f"packing item {i}" for i in range(120)})
     fork = drive(
         services.fork_run(
             run, step=3, at="pre", state=state, reason="try without stock", user=people["operator"]

@@ -42,6 +42,14 @@ def test_big_groups_start_collapsed_small_ones_open():
     assert groups["history"].open and groups["phase"].open
 
 
+def test_a_group_says_where_its_changes_are():
+    groups = {g.key: g for g in diff_states(OLD, NEW).groups}
+    assert sorted(groups["memory"].inside.split(", ")) == ["goal ~1", "notes −10 ~30"]
+    assert groups["history"].inside == ""  # an append to the list itself
+    wide = diff_states({"m": {}}, {"m": {f"k{i}": i for i in range(6)}})
+    assert wide.groups[0].inside == "k0 +1, k1 +1, k2 +1, k3 +1 and 2 more"
+
+
 def test_a_small_diff_is_all_open():
     old = {"memory": {f"k{i}": i for i in range(12)}}
     new = {"memory": {f"k{i}": -i for i in range(1, 12)}}
@@ -81,5 +89,5 @@ def test_a_big_diff_page_collapses_its_big_groups(client_for, people):
         "phase": True,
         "scratch": True,
     }
-    assert "41 changes: click to show" in html
+    assert "41 changes in " in html and ": click to show" in html
     assert html.count('class="chg chg-') == len(diff.changes)
