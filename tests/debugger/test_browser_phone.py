@@ -12,7 +12,7 @@ import pytest
 
 from agentrun import services, snapshots
 from agentrun.roles import create_user
-from tests.base import PASSWORD, drive
+from tests.base import PASSWORD, drive, make_in_flight
 from tests.debugger import runs
 from tests.debugger.browser import chromium, login, page_for, settle, shot
 
@@ -62,6 +62,9 @@ def pages(people):
             run, step=3, at="pre", state=state, reason="try without stock", user=people["operator"]
         )
     )
+    # The Now page and the run list with steps in flight on two workers.
+    make_in_flight("acting", 3, worker="worker-host-with-a-long-name.example.internal:4242")
+    make_in_flight("backoff", 2, waited=90.0)
     return {
         "run-list": "/",
         "run": f"/runs/{run.pk}/",
