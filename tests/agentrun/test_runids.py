@@ -9,7 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from agentrun.models import Run
-from agentrun.runids import RunIdError, dashed, resolve_run
+from agentrun.runids import RunIdError, resolve_run
 from tests.base import drive, final, make_run, script
 
 pytestmark = pytest.mark.django_db
@@ -89,10 +89,14 @@ def test_a_queryset_narrows_the_runs_looked_at(three):
     assert resolve_run("3f2a", Run.objects.filter(pk=B)) == three[B]
 
 
-def test_dashes_go_back_where_a_uuid_has_them():
-    hex32 = C.hex
-    for n in range(4, 33):
-        assert str(C).startswith(dashed(hex32[:n]))
+def test_the_prefix_range_takes_neither_neighbour(three):
+    below = Run.objects.create(id=uuid.UUID("7cffffff-ffff-4fff-bfff-ffffffffffff"), agent="x")
+    above = Run.objects.create(id=uuid.UUID("7d010000-0000-4000-8000-000000000000"), agent="x")
+    edge = Run.objects.create(id=uuid.UUID("7d00ffff-ffff-4fff-bfff-ffffffffffff"), agent="x")
+    assert resolve_run("7d00ffff") == edge
+    assert resolve_run("7cff") == below and resolve_run("7d01") == above
+    with pytest.raises(RunIdError, match="matches several runs"):
+        resolve_run("7d00")  # C and the edge, not the neighbours
 
 
 def test_the_fork_command_takes_a_short_id(three):
