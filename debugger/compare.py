@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from html import escape  # the stdlib's: same escaping as Django's, without the lazy wrapper
-from uuid import UUID
 
 from django.utils.safestring import SafeString, mark_safe
 
 from agentrun.models import Run, Snapshot
-from debugger import timeline
+from debugger import forks, timeline
 from debugger.timeline import _css as css
 
 SHARED_SHOWN = 2  # steps of shared history shown before the fork's own; the rest fold away
@@ -109,22 +108,6 @@ def align(left: Run, right: Run) -> Comparison:
     return Comparison(left, right, rows, ancestor, first, recorded)
 
 
-def find_run(text: str) -> Run:
-    """A run by its id or a unique prefix of it (the run list shows 8 characters)."""
-    text = text.strip().lower()
-    try:
-        return Run.objects.get(pk=UUID(text))
-    except (ValueError, Run.DoesNotExist):
-        pass
-    matches: list[Run] = []
-    if len(text) >= 8 and all(c in "0123456789abcdef-" for c in text):
-        matches = list(Run.objects.filter(pk__startswith=text)[:2])
-    if len(matches) == 1:
-        return matches[0]
-    problem = "matches several runs" if matches else "is not the id of a run"
-    raise ValueError(f"{text[:40]!r} {problem}")
-
-
 # --- the aligned rows, as HTML ------------------------------------------------------------
 # Two 1,000-step runs make 1,000 rows of two sides each: built here, like the run page's
 # step list, about 20x faster than a template loop. Every value from a run goes through escape().
@@ -212,3 +195,56 @@ def _marks_html(cmp: Comparison, r: Aligned) -> str:
     if r.number == cmp.first_divergence:
         marks += '<span class="first-label">first divergence</span>'
     return f'<span class="eqcol">{marks}</span>'
+
+
+# --- the picker: runs worth comparing with, without pasting an id ------------------------
+
+RECENT = 10  # newest runs offered besides the lineage
+SIBLINGS = 10
+
+
+@dataclass
+class Pick:
+    run: Run
+    relation: str  # "parent", "ancestor", "fork", "fork of a fork", "sibling", "recent"
+    point: str = ""  # where a fork starts: "step 4 pre"
+
+
+@dataclass
+class PickGroup:
+    title: str
+    picks: list[Pick]
+
+
+def picker(run: Run) -> list[PickGroup]:
+    """The run's lineage (ancestors, forks, siblings) and the newest other runs.
+
+    A run appears once, in the first group that has it. Empty groups are left out.
+    """
+    seen = {run.pk}
+
+    def keep(picks: list[Pick]) -> list[Pick]:
+        out = [p for p in picks if p.run.pk not in seen]
+        seen.update(p.run.pk for p in out)
+        return out
+
+    chain = forks.lineage(run)[:-1]  # oldest first; the run itself is last
+    family = [
+        Pick(n.run, "parent" if n.run.pk == run.parent_id else "ancestor", n.point)
+        for n in reversed(chain)
+    ]
+    for child in forks.tree(run):
+        family.append(Pick(child.run, "fork", child.point))
+        family.extend(Pick(g.run, "fork of a fork", g.point) for g in child.children)
+    groups = [PickGroup("Lineage", keep(family))]
+    if run.parent_id:
+        siblings = Run.objects.filter(parent_id=run.parent_id).exclude(pk=run.pk)
+        groups.append(
+            PickGroup(
+                "Sibling forks",
+                keep([Pick(r, "sibling") for r in siblings.order_by("-created_at")[:SIBLINGS]]),
+            )
+        )
+    recent = Run.objects.exclude(pk__in=seen).order_by("-created_at", "pk")[:RECENT]
+    groups.append(PickGroup("Recent runs", keep([Pick(r, "recent") for r in recent])))
+    return [g for g in groups if g.picks]

@@ -14,7 +14,7 @@ import difflib
 import json
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -31,6 +31,8 @@ FULL_CHARS = 20_000
 TEXT_DIFF_MIN = 60  # strings at least this long (or multi-line) get an inline text diff
 TEXT_DIFF_MAX = 100_000
 CONTEXT_CHARS = 80
+GROUP_OPEN_MAX = 10  # a group of more changes starts collapsed (unless the whole diff is small)
+SHOWN_MAX = 500  # changes rendered on a page; the rest are counted
 
 _ADDED = {"dictionary_item_added", "iterable_item_added", "attribute_added", "set_item_added"}
 _REMOVED = {
@@ -116,6 +118,55 @@ class Preview:
         return cls(json_type(value), text, full, json_size(value))
 
 
+def _counts(changes: Iterable[Change]) -> dict[str, int]:
+    counts = {"added": 0, "removed": 0, "changed": 0}
+    for c in changes:
+        if c.op in ("added", "appended", "inserted"):
+            counts["added"] += c.count
+        elif c.op in ("removed", "dropped"):
+            counts["removed"] += c.count
+        else:
+            counts["changed"] += 1
+    return counts
+
+
+@dataclass
+class ChangeGroup:
+    """The changes under one top-level key of the state ("$": the state itself)."""
+
+    key: str
+    changes: list[Change]
+    shown: list[Change]  # the ones the page has room for
+    open: bool  # shown expanded at first
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return _counts(self.changes)
+
+    @property
+    def summary(self) -> str:
+        return ", ".join(f"{n:,} {label}" for label, n in self.counts.items() if n)
+
+    @property
+    def hidden(self) -> int:
+        return len(self.changes) - len(self.shown)
+
+    @property
+    def inside(self) -> str:
+        """Where in the group the changes are, for a folded group: "notes +120, goal ~1"."""
+        by_key: dict[str, list[Change]] = {}
+        for c in self.changes:
+            if len(c.path) > 1:
+                by_key.setdefault(format_path(c.path[1:2]).lstrip("."), []).append(c)
+        parts = []
+        for key, changes in list(by_key.items())[:4]:
+            counts = _counts(changes)
+            signs = (("added", "+"), ("removed", "−"), ("changed", "~"))
+            parts.append(f"{key} " + " ".join(f"{m}{counts[k]:,}" for k, m in signs if counts[k]))
+        more = len(by_key) - len(parts)
+        return ", ".join(parts) + (f" and {more} more" if more > 0 else "")
+
+
 @dataclass
 class StateDiff:
     changes: list[Change]
@@ -128,15 +179,30 @@ class StateDiff:
 
     @property
     def counts(self) -> dict[str, int]:
-        counts = {"added": 0, "removed": 0, "changed": 0}
+        return _counts(self.changes)
+
+    @cached_property
+    def groups(self) -> list[ChangeGroup]:
+        """The changes by top-level key, in the order they come; at most SHOWN_MAX shown.
+
+        A group starts collapsed when it is big and the diff is not small.
+        """
+        by_key: dict[str, list[Change]] = {}
         for c in self.changes:
-            if c.op in ("added", "appended", "inserted"):
-                counts["added"] += c.count
-            elif c.op in ("removed", "dropped"):
-                counts["removed"] += c.count
-            else:
-                counts["changed"] += 1
-        return counts
+            by_key.setdefault(str(c.path[0]) if c.path else "$", []).append(c)
+        small = len(self.changes) <= GROUP_OPEN_MAX * 2
+        budget = SHOWN_MAX
+        groups = []
+        for key, changes in by_key.items():
+            shown = changes[: max(budget, 0)]
+            budget -= len(shown)
+            groups.append(ChangeGroup(key, changes, shown, small or len(changes) <= GROUP_OPEN_MAX))
+        return groups
+
+    @property
+    def hidden(self) -> int:
+        """Changes beyond SHOWN_MAX, left off the page."""
+        return max(0, len(self.changes) - SHOWN_MAX)
 
     @property
     def where(self) -> str:
@@ -313,32 +379,80 @@ def _sort_key(path: Path) -> tuple[tuple[int, Any], ...]:
 # --- inline text diff -----------------------------------------------------------------
 
 _WORDS = re.compile(r"\s+|\w+|[^\w\s]", re.UNICODE)
+_SPACE = re.compile(r"\s")
+TOKEN_CHARS = 40  # a replaced stretch this short without whitespace is a token (an id, a number)
 
 
 def text_diff(a: str, b: str) -> list[tuple[str, str]]:
-    """[(eq|del|ins, text)] by words; long unchanged stretches are shortened with "…"."""
+    """[(eq|del|ins|gap, text)]: prose by words, tokens by characters.
+
+    Two short strings without whitespace (ids, numbers, paths) are compared character
+    by character; anything else word by word, each replaced stretch shown whole as
+    deleted then inserted text, so that "Gas canister, 230 stakes" becoming "Aluminium
+    tent, stakes" reads as two phrases, not as interleaved words or letters. Long
+    unchanged stretches are shortened with "…".
+    """
+    if _is_token(a) and _is_token(b):
+        return _shorten(_by_chars(a, b))
     if len(a) + len(b) > TEXT_DIFF_MAX:
         ta, tb = a.splitlines(keepends=True), b.splitlines(keepends=True)
     else:
         ta, tb = _WORDS.findall(a), _WORDS.findall(b)
-    out: list[tuple[str, str]] = []
+    parts: list[tuple[str, str]] = []
     matcher = difflib.SequenceMatcher(None, ta, tb, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         old_text, new_text = "".join(ta[i1:i2]), "".join(tb[j1:j2])
         if tag == "equal":
+            parts.append(("eq", old_text))
+        else:
+            parts.extend((t, s) for t, s in (("del", old_text), ("ins", new_text)) if s)
+    out: list[tuple[str, str]] = []
+    for tag, old_text, new_text in _changes_whole(parts):
+        if tag == "eq":
             out.append(("eq", old_text))
-        elif tag == "replace" and len(old_text) + len(new_text) < 2000:
-            out.extend(_by_chars(old_text, new_text))
         else:
             out.extend((t, s) for t, s in (("del", old_text), ("ins", new_text)) if s)
     return _shorten(out)
 
 
+def _is_token(text: str) -> bool:
+    return 0 < len(text) <= TOKEN_CHARS and not _SPACE.search(text)
+
+
+def _trivial(text: str) -> bool:
+    """An unchanged stretch too small to read between two changes: spaces, a comma."""
+    return not any(c.isalnum() for c in text) and len(text.strip()) <= 1
+
+
+def _changes_whole(parts: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(eq, text, text) or (change, old, new): each run of changes as one old and one new.
+
+    A trivial unchanged stretch between two changes joins them (it is in both texts).
+    """
+    out: list[tuple[str, str, str]] = []
+    old: list[str] = []
+    new: list[str] = []
+    last = len(parts) - 1
+    for n, (tag, text) in enumerate(parts):
+        between = 0 < n < last and parts[n - 1][0] != "eq" and parts[n + 1][0] != "eq"
+        if tag == "eq" and not (between and _trivial(text)):
+            if old or new:
+                out.append(("change", "".join(old), "".join(new)))
+                old, new = [], []
+            out.append(("eq", text, text))
+        else:
+            if tag != "ins":
+                old.append(text)
+            if tag != "del":
+                new.append(text)
+    if old or new:
+        out.append(("change", "".join(old), "".join(new)))
+    return out
+
+
 def _by_chars(a: str, b: str) -> list[tuple[str, str]]:
-    """A replaced word refined to characters when most of it stayed (ids, numbers)."""
+    """One token against another, character by character."""
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
-    if matcher.ratio() < 0.6:
-        return [("del", a), ("ins", b)]
     out = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
@@ -387,12 +501,15 @@ class SnapshotRef:
         return f"{self.run_id}:{self.step}:{self.at}"
 
     @classmethod
-    def parse(cls, text: str) -> SnapshotRef:
+    def parse(cls, text: str, find: Callable[[str], UUID] = UUID) -> SnapshotRef:
+        """`find` turns the run part into a run's id (a short id needs the database)."""
         parts = text.strip().split(":")
         if len(parts) != 3 or parts[2] not in ("pre", "post") or not parts[1].isdigit():
             raise SpecError(f"{text[:80]!r} is not <run-id>:<step>:<pre|post>")
         try:
-            run_id = UUID(parts[0])
-        except ValueError:
-            raise SpecError(f"{parts[0][:40]!r} is not a run id") from None
+            run_id = find(parts[0])
+        except ValueError as exc:
+            if find is UUID:
+                raise SpecError(f"{parts[0][:40]!r} is not a run id") from None
+            raise SpecError(str(exc)) from None
         return cls(run_id, int(parts[1]), parts[2])

@@ -10,6 +10,7 @@ from django.db.models import Q, QuerySet
 from agentrun import inflight
 from agentrun import labels as run_labels
 from agentrun.models import Event, Run, RunStatus, ToolCall
+from agentrun.runids import RunIdError, resolve_run
 from agentrun.storable import check_storable
 from debugger.diffs import SnapshotRef, SpecError
 
@@ -109,8 +110,11 @@ class AuditFilterForm(DateRangeMixin):
     user = forms.ChoiceField(required=False, choices=[])
     tool = forms.ChoiceField(required=False, choices=[])
     kind = forms.ChoiceField(required=False, choices=_choices(SIDE_EFFECT_KINDS, "write + hybrid"))
-    run = forms.UUIDField(
-        required=False, label="Run id", widget=forms.TextInput(attrs={"placeholder": "run id"})
+    run = forms.CharField(
+        required=False,
+        max_length=40,
+        label="Run id",
+        widget=forms.TextInput(attrs={"placeholder": "run id, e.g. 3f2a9c1e"}),
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -129,6 +133,15 @@ class AuditFilterForm(DateRangeMixin):
         )
         cast(forms.ChoiceField, self.fields["user"]).choices = _choices(actors, "anyone")
         cast(forms.ChoiceField, self.fields["tool"]).choices = _choices(tools, "any tool")
+
+    def clean_run(self) -> UUID | None:
+        text = self.cleaned_data["run"].strip()
+        if not text:
+            return None
+        try:
+            return resolve_run(text).pk
+        except RunIdError as exc:
+            raise forms.ValidationError(str(exc)) from None
 
     def actions(self) -> QuerySet[Event]:
         events = Event.objects.filter(user__isnull=False)
@@ -222,17 +235,21 @@ class DiffForm(forms.Form):
     a = forms.CharField(
         label="From",
         max_length=200,
-        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>"}),
+        widget=forms.TextInput(
+            attrs={"placeholder": "<run-id>:<step>:<pre|post>, e.g. 3f2a9c1e:4:post"}
+        ),
     )
     b = forms.CharField(
         label="To",
         max_length=200,
-        widget=forms.TextInput(attrs={"placeholder": "<run-id>:<step>:<pre|post>"}),
+        widget=forms.TextInput(
+            attrs={"placeholder": "<run-id>:<step>:<pre|post>, e.g. 3f2a9c1e:4:post"}
+        ),
     )
 
     def _ref(self, name: str) -> SnapshotRef:
         try:
-            return SnapshotRef.parse(self.cleaned_data[name])
+            return SnapshotRef.parse(self.cleaned_data[name], find=lambda t: resolve_run(t).pk)
         except SpecError as exc:
             raise forms.ValidationError(str(exc)) from None
 

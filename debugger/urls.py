@@ -1,4 +1,4 @@
-from django.urls import path, register_converter
+from django.urls import path, re_path, register_converter
 
 from debugger import views
 
@@ -48,4 +48,10 @@ urlpatterns = [
     # g-retention
     path("runs/<uuid:run_id>/pin/", views.pin_run, name="run-pin"),
     path("runs/<uuid:run_id>/unpin/", views.unpin_run, name="run-unpin"),
+    # A short run id (not a whole UUID, which the paths above take): redirected to the run.
+    re_path(
+        r"^runs/(?P<prefix>[0-9a-fA-F-]{1,36})/(?P<rest>.*)$",
+        views.run_by_short_id,
+        name="run-short-id",
+    ),
 ]

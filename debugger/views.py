@@ -25,6 +25,7 @@ from agentrun.agents import InvalidInput, get_agent
 from agentrun.delta import state_hash
 from agentrun.models import RETRY_EVENTS, Event, Run, Snapshot, Step
 from agentrun.redact import redact
+from agentrun.runids import RunIdError, resolve_run
 from debugger import audit as audit_log
 from debugger import charts, compare, forks, timeline
 from debugger.access import abilities, get_run_for, role_required
@@ -563,15 +564,15 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     run = get_run_for(request, run_id)
     context: dict[str, Any] = {
         "run": run,
-        "with_text": request.GET.get("with", ""),
+        "with_text": request.GET.get("with", "").strip(),
         **abilities(request),
     }
     other = None
     if context["with_text"]:
         try:
-            other = compare.find_run(context["with_text"])
-        except ValueError as exc:
-            context["with_error"] = str(exc)
+            other = resolve_run(context["with_text"])
+        except RunIdError as exc:
+            context.update(with_error=str(exc), candidates=exc.candidates)
     elif run.parent_id:
         other = run.parent
     if run.purged_at is not None:
@@ -580,7 +581,7 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         context["with_error"] = f"run {other.pk} was purged by retention: no states to compare"
         other = None
     if other is None:
-        context["fork_tree"] = forks.tree(run)
+        context.update(fork_tree=forks.tree(run), picker=compare.picker(run))
         status = 400 if "with_error" in context else 200
         return render(request, "debugger/compare.html", context, status=status)
     cmp = compare.align(other, run)
@@ -599,6 +600,7 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     )
     if _fragment(request, "compare-diff"):
         return render(request, "debugger/compare.html#diff", context)
+    context["picker"] = compare.picker(run)
     return render(request, "debugger/compare.html", context)
 
 
@@ -779,3 +781,19 @@ def purged_run(request: HttpRequest, run: Run, number: int | None) -> HttpRespon
         **abilities(request),
     }
     return render(request, "debugger/run_purged.html", context)
+# --- short run ids in addresses: /runs/3f2a9c1e/... → /runs/<the whole id>/... ---------------
+
+
+@role_required
+def run_by_short_id(request: HttpRequest, prefix: str, rest: str = "") -> HttpResponse:
+    """An address with a run's short id, as typed from a page or a ticket: to the full one."""
+    try:
+        run = resolve_run(prefix)
+    except RunIdError as exc:
+        context = {"problem": str(exc), "candidates": exc.candidates, "rest": rest}
+        return render(request, "debugger/short_id.html", context, status=404)
+    if prefix == str(run.pk):  # the whole id already: the rest of the address is what's wrong
+        raise Http404("no such page of a run")
+    query = request.META.get("QUERY_STRING", "")
+    target = reverse("debugger:run-detail", args=[run.pk]) + rest
+    return redirect(f"{target}?{query}" if query else target)

@@ -210,3 +210,14 @@
     }
   });
 })();
+
+// --- d-compare: a diff's list of groups opens the group it links to (a collapsed <details>).
+(function () {
+  "use strict";
+  document.addEventListener("click", function (event) {
+    var link = event.target.closest && event.target.closest("a[data-open]");
+    if (!link) return;
+    var group = document.getElementById(link.getAttribute("data-open"));
+    if (group && group.tagName === "DETAILS") group.open = true;
+  });
+})();

@@ -124,10 +124,12 @@ def test_unknown_runs_steps_and_bad_ids_are_404(client_for, run):
         "/runs/not-a-uuid/",
         "/runs/1234/steps/1/",
         f"/runs/{run.pk}/steps/1/sideways/",
-        f"/diff/?a={missing}:1:pre&b={run.pk}:1:post",
         f"/runs/{run.pk}/steps/3/pre/?path=nope.x",
     ):
         assert client.get(url).status_code == 404, url
+    # A run named in the diff form is the form's error: said on the page, with a 400.
+    response = client.get(f"/diff/?a={missing}:1:pre&b={run.pk}:1:post")
+    assert response.status_code == 400 and f"no run {missing}" in response.content.decode()
 
 
 def test_pages_send_a_content_security_policy(client_for, run):

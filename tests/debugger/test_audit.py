@@ -64,8 +64,9 @@ def test_it_filters_by_user_tool_kind_run_and_date(client_for, history):
     assert actions == ["approved", "run_created"] and calls == ["ledger_write"]
     tomorrow = (timezone.now() + timedelta(days=1)).date().isoformat()
     assert kinds(f"since={tomorrow}") == ([], [])
+    assert kinds(f"run={str(history['waiting'].pk)[:8]}") == (actions, calls)  # a short id
     response = client.get("/audit/?run=not-a-uuid")
-    assert b"Enter a valid UUID" in response.content
+    assert b"is not a valid run id" in response.content
 
 
 def test_the_csv_export_has_every_record_and_neutralises_formulas(client_for, history):

@@ -447,7 +447,7 @@ def test_compare_with_any_other_run(client_for, edited_fork, people):
     assert "no step 3" in html
     assert f'href="/runs/{fork.pk}/compare/?with={str(sibling.pk)[:8]}&amp;step=4"' in html
     bad = client.get(f"/runs/{fork.pk}/compare/?with=nope")
-    assert bad.status_code == 400 and "is not the id of a run" in bad.content.decode()
+    assert bad.status_code == 400 and "is not a valid run id" in bad.content.decode()
 
 
 def test_a_run_that_is_no_fork_offers_its_forks(client_for, edited_fork):

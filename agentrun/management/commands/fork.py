@@ -12,7 +12,6 @@ refused. Every error is a CommandError and stores nothing.
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from agentrun import services
 from agentrun.agents import InvalidInput
 from agentrun.models import Run, ToolCall
 from agentrun.roles import can_operate, role_of
+from agentrun.runids import RunIdError, resolve_run
 from agentrun.storable import parse_json
 
 #: Snapshot positions are 32-bit integers: a step beyond this can't exist.
@@ -55,14 +55,11 @@ def parse_step(value: str) -> int:
 
 
 def find_run(run_id: str) -> Run:
+    """The run by its id or a unique prefix of it (the 8 characters pages show)."""
     try:
-        pk = uuid.UUID(run_id)
-    except ValueError:
-        raise CommandError(f"no run {run_id!r}: not a valid run id (a UUID)") from None
-    run = Run.objects.filter(pk=pk).first()
-    if run is None:
-        raise CommandError(f"no run {run_id}")
-    return run
+        return resolve_run(run_id)
+    except RunIdError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def find_operator(name: str | None, action: str = "forking") -> Any:
@@ -100,7 +97,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("run_id", help="the run to fork (a UUID)")
+        parser.add_argument(
+            "run_id", help="the run to fork: its id, or the first 4+ characters of it"
+        )
         parser.add_argument("step", help="the step whose snapshot to fork from")
         parser.add_argument(
             "--at", required=True, help="pre (redo the step) or post (start at the next one)"
