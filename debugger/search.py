@@ -102,9 +102,7 @@ def matching_steps(
         steps = steps.filter(attempts__gt=1)
     if waits:
         waited = Event.objects.filter(run=run, kind__in=WAIT_EVENTS, step__isnull=False)
-        steps = steps.filter(
-            Q(status=StepStatus.WAITING) | Q(number__in=waited.values("step"))
-        )
+        steps = steps.filter(Q(status=StepStatus.WAITING) | Q(number__in=waited.values("step")))
     call_q = {"tool": tool, "kind": kind, "status": call}
     if any(call_q.values()):  # one call must meet all three
         calls = ToolCall.objects.filter(run=run, **{k: v for k, v in call_q.items() if v})

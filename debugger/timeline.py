@@ -542,7 +542,9 @@ def cells(all_marks: list[Mark], matches: set[int] | None = None) -> list[Cell]:
             rank = ranks[j]
             if rank < 3:  # failed, retried and waiting are counted in the cell's title
                 counts[SEVERITY[rank]] += 1
-        hits = [j for j in group if all_marks[j].number in matches] if matches is not None else group
+        hits = (
+            [j for j in group if all_marks[j].number in matches] if matches is not None else group
+        )
         worst = all_marks[min(hits or group, key=ranks.__getitem__)]
         out.append(
             Cell(
