@@ -232,7 +232,17 @@ class Step(Response):
 
 
 class RunDetail(RunSummary):
-    steps: list[Step]
+    steps: list[Step] = Field(
+        description="One page of the run's steps, in order: `steps_limit` of them from "
+        "`steps_offset` (GET /runs/{run_id} takes both; the other operations answer "
+        "with the first page)."
+    )
+    steps_total: int = Field(description="All the run's steps, not just this page.")
+    steps_offset: int = Field(description="Steps skipped before this page.")
+    steps_limit: int = Field(description="The page size asked for.")
+    steps_next_offset: int | None = Field(
+        description="The steps_offset of the next page; null on the last one."
+    )
 
 
 class RunList(Response):
