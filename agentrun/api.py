@@ -363,7 +363,7 @@ def start_run(request: HttpRequest, body: s.CreateRun) -> Status[dict[str, Any]]
 
 @api.get(
     "/runs/{run_id}",
-    response={200: s.RunDetail, **_errors(401, 403, 404)},
+    response={200: s.RunDetail, **_errors(400, 401, 403, 404)},
     summary="A run with its steps and tool calls",
 )
 def get_run(

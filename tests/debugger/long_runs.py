@@ -27,11 +27,14 @@ def long_run(
     backoff: dict[int, float] | None = None,
     status: str = "succeeded",
     thought: Any = None,
+    with_snapshots: bool = False,
 ) -> Run:
     """A finished run of `steps` steps: each reads with `lookup`, every 10th also writes
     with `ledger_write`, the last answers. `failed`: that step failed (and the run ends
     there); `retried`: steps claimed twice; `backoff`: step → seconds of backoff before
-    its second attempt (a retry_scheduled event, and wall time to match)."""
+    its second attempt (a retry_scheduled event, and wall time to match).
+    `with_snapshots`: a small state's pre and post snapshots too (for a browser, whose
+    step body loads them)."""
     backoff = backoff or {}
     now = timezone.now() - timedelta(hours=1)
     last = failed or steps
@@ -109,4 +112,28 @@ def long_run(
                     )
                 )
         ToolCall.objects.bulk_create(calls, batch_size=500)
+        if with_snapshots:
+            _snapshots(run, last)
     return run
+
+
+def _snapshots(run: Run, last: int) -> None:
+    from agentrun import snapshots
+    from agentrun.models import Snapshot
+
+    state: dict[str, Any] = {"phase": "planning", "memory": {"notes": []}, "iteration": 0}
+    prev, node, batch = None, None, []
+    for k in range(1, last + 1):
+        if prev is None:
+            pre, node = snapshots.build(run.pk, k, "pre", state, None, None)
+        else:
+            pre = snapshots.reference(run.pk, k, "pre", prev)
+        new = {
+            "phase": PHASES[k % 3],
+            "memory": {"notes": [*state["memory"]["notes"][-4:], f"note {k}"]},
+            "iteration": k,
+        }
+        post, node = snapshots.build(run.pk, k, "post", new, pre, state, prev_node=node)
+        batch += [pre, post]
+        prev, state = post, new
+    Snapshot.objects.bulk_create(batch, batch_size=500)

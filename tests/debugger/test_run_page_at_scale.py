@@ -50,9 +50,7 @@ def test_a_deep_link_into_the_middle_shows_the_rows_around_it(client_for, people
     assert len(more) == 2
 
 
-def test_the_list_loads_the_next_and_previous_pages_and_a_window_around_a_step(
-    client_for, people
-):
+def test_the_list_loads_the_next_and_previous_pages_and_a_window_around_a_step(client_for, people):
     run = long_run(people["operator"], STEPS)
     client = client_for("viewer")
     after = client.get(f"/runs/{run.pk}/?after=1000", **HX).content.decode()

@@ -66,9 +66,7 @@ def test_a_step_waiting_for_approval_counts_as_waited(people):
     assert Event.objects.filter(run=run, kind="approval_requested").exists()
 
 
-def test_the_page_lists_only_the_matching_steps_and_dims_the_rest_of_the_strip(
-    client_for, run
-):
+def test_the_page_lists_only_the_matching_steps_and_dims_the_rest_of_the_strip(client_for, run):
     response = client_for("viewer").get(f"/runs/{run.pk}/?tool=ledger_write&retried=1")
     html = response.content.decode()
     assert rows_in(html) == [50, 150, 220]
