@@ -10,6 +10,7 @@ reads about one compressed result per step (see bench/bench_long_run.py).
 
 from __future__ import annotations
 
+import re
 import zlib
 from typing import Any, cast
 
@@ -129,10 +130,11 @@ def matching_steps(
 
 def _in_results(run: Run, candidates: dict[int, int], text: str) -> set[int]:
     """Steps among `candidates` (step pk → number) with a tool result containing `text`
-    (case-insensitive), read compressed and decompressed here."""
+    (case-insensitive for ASCII letters), read compressed and decompressed here."""
     if not candidates:
         return set()
-    needle = text.lower()
+    # On the stored bytes (UTF-8 JSON text): no decoding, ASCII case folded by the regex.
+    needle = re.compile(re.escape(text.encode()), re.IGNORECASE)
     found: set[int] = set()
     table = ToolCall._meta.db_table
     with connection.cursor() as cursor:
@@ -144,6 +146,6 @@ def _in_results(run: Run, candidates: dict[int, int], text: str) -> set[int]:
         for step_id, blob in cursor:
             if step_id in found or step_id not in candidates:
                 continue
-            if needle in zlib.decompress(blob).decode("utf-8", "replace").lower():
+            if needle.search(zlib.decompress(blob)):
                 found.add(step_id)
     return {candidates[pk] for pk in found}
