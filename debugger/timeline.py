@@ -480,21 +480,22 @@ def marks(run: Run) -> list[Mark]:
 
 
 def opening_step(run: Run, all_marks: list[Mark]) -> int | None:
-    """Where a run page opens: the first failed step, else the first retried one, else
-    (a fork) the first step that diverged from its parent, else the step that waits,
-    else the last."""
-    for test in (lambda m: m.failed, lambda m: m.retried):
+    """Where a run page opens: the first failed step, else the step the run waits on (an
+    operator must act), else the first retried one, else (a fork) its first step that
+    diverged from its parent, else the last."""
+    tests = (
+        lambda m: m.failed,
+        lambda m: m.status == StepStatus.WAITING,
+        lambda m: m.retried,
+    )
+    for test in tests:
         hit = next((m.number for m in all_marks if test(m)), None)
         if hit is not None:
             return hit
-    numbers = {m.number for m in all_marks}
     if run.parent_id:
         diverged = first_divergence(run)
-        if diverged in numbers:
+        if diverged is not None and any(m.number == diverged for m in all_marks):
             return diverged
-    waiting = next((m.number for m in all_marks if m.status == StepStatus.WAITING), None)
-    if waiting is not None:
-        return waiting
     return all_marks[-1].number if all_marks else None
 
 

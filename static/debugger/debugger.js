@@ -233,7 +233,7 @@
 
   function scrollToRow(list, n) {
     var row = list.querySelector('[data-n="' + n + '"]');
-    if (row) list.scrollTop = row.offsetTop - list.offsetTop - list.clientHeight / 3;
+    if (row) list.scrollTop += row.getBoundingClientRect().top - list.getBoundingClientRect().top - 90;
   }
 
   function followSelection() {
