@@ -261,5 +261,10 @@
     }
   });
   document.addEventListener("htmx:oobAfterSwap", markBins);
-  document.addEventListener("DOMContentLoaded", markBins);
+  document.addEventListener("DOMContentLoaded", function () {
+    markBins();
+    var n = selected(), list = document.getElementById("step-list");
+    // A long list opens with the selected row near its top, wherever the list sits on the page.
+    if (n !== null && list && list.querySelector(".more")) scrollToRow(list, n);
+  });
 })();
