@@ -214,7 +214,7 @@ def _run_context(
         "binned": binned,
         "bin_size": cells[0].count if cells else 1,
         "dense": len(cells) > timeline.DENSE_STRIP,
-        "stats": timeline.stats(run),
+        "stats": marks.stats() if isinstance(marks, timeline.Marks) else timeline.stats(run),
         "elapsed": timeline.elapsed(run),
         "lineage": lineage,
         "fork_tree": forks.tree(run),
