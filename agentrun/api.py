@@ -23,9 +23,11 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from ninja import Path, Query, Status
 from ninja.security import APIKeyCookie, HttpBearer
+from pydantic import StringConstraints
 
 from agentrun import api_schemas as s
 from agentrun import inflight, services, snapshots
+from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput
 from agentrun.api_base import Api, ApiError
 from agentrun.models import (
@@ -37,6 +39,7 @@ from agentrun.models import (
     Step,
     ToolCall,
 )
+from agentrun.redact import redact
 from agentrun.roles import can_operate, role_of
 from agentrun.storable import TEXT_PATTERN, parse_json
 
@@ -153,7 +156,12 @@ api = Api(
 
 
 def _get_run(run_id: uuid.UUID | str) -> Run:
-    run = Run.objects.select_related("created_by", "forked_from").filter(pk=run_id).first()
+    run = (
+        Run.objects.select_related("created_by", "forked_from")
+        .prefetch_related("labels")
+        .filter(pk=run_id)
+        .first()
+    )
     if run is None:
         raise ApiError(404, f"no run {run_id}")
     return run
@@ -185,6 +193,7 @@ def summary_json(run: Run) -> dict[str, Any]:
         "final_answer": run.final_answer,
         "tokens_in": run.tokens_in,
         "tokens_out": run.tokens_out,
+        "labels": run_labels.of(run),
     }
 
 
@@ -234,6 +243,7 @@ def detail_json(run: Run, steps_offset: int = 0, steps_limit: int | None = None)
     following = steps_offset + len(page)
     return {
         **summary_json(run),
+        "input": redact(run.input),
         "steps": page,
         "steps_total": total,
         "steps_offset": steps_offset,
@@ -338,13 +348,35 @@ def list_runs(
     ] = "",
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Page size.")] = DEFAULT_LIMIT,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Runs to skip.")] = 0,
+    label: Annotated[
+        list[
+            Annotated[
+                str,
+                StringConstraints(
+                    pattern=run_labels.FILTER_PATTERN, max_length=run_labels.FILTER_MAX_LENGTH
+                ),
+            ]
+        ],
+        Query(
+            description="Only runs with this label: `key=value`, or `key` for any value. "
+            "Repeat it for runs with all of them."
+        ),
+    ] = [],  # noqa: B006 -- Ninja copies the default
 ) -> dict[str, Any]:
     qs = Run.objects.all()
     if status:
         qs = qs.filter(status=status)
     if agent:
         qs = qs.filter(agent=agent)
-    page = qs.select_related("created_by", "forked_from").order_by("-created_at", "-id")
+    try:
+        qs = run_labels.filter_runs(qs, label)
+    except run_labels.InvalidLabels as exc:
+        raise ApiError(400, str(exc), field="label") from None
+    page = (
+        qs.select_related("created_by", "forked_from")
+        .prefetch_related("labels")
+        .order_by("-created_at", "-id")
+    )
     return {"items": [summary_json(r) for r in page[offset : offset + limit]], "count": qs.count()}
 
 
@@ -355,7 +387,9 @@ def list_runs(
 )
 def start_run(request: HttpRequest, body: s.CreateRun) -> Status[dict[str, Any]]:
     try:
-        run = services.start_run(body.agent, body.input, user=request.user)
+        run = services.start_run(body.agent, body.input, user=request.user, labels=body.labels)
+    except run_labels.InvalidLabels as exc:
+        raise ApiError(400, str(exc), field="labels") from None
     except InvalidInput as exc:
         raise ApiError(400, str(exc)) from None
     return Status(201, summary_json(run))
@@ -483,6 +517,7 @@ def fork_run(
             reason=body.reason,
             user=request.user,
             confirm_live=body.confirm_live,
+            labels=body.labels,
         )
     except services.ForkError as exc:
         if exc.field != "confirm_live":

@@ -16,6 +16,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 from agentrun import inflight
+from agentrun import labels as run_labels
 from agentrun.models import (
     ReplayMode,
     Run,
@@ -56,6 +57,23 @@ InFlightState = one_of(inflight.BY_KEY)
 ToolKind = Literal["read", "write", "hybrid"]
 
 
+#: A run's labels as a request member: what agentrun.labels enforces, for the document.
+LABELS_SCHEMA: dict[str, Any] = {
+    "maxProperties": run_labels.MAX_LABELS,
+    "propertyNames": {
+        "pattern": run_labels.KEY_PATTERN,
+        "maxLength": run_labels.KEY_MAX_LENGTH,
+        "not": {"enum": list(run_labels.RESERVED_KEYS)},
+    },
+    "additionalProperties": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": run_labels.VALUE_MAX_LENGTH,
+        "pattern": run_labels.VALUE_PATTERN,
+    },
+}
+
+
 class Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -86,6 +104,16 @@ class CreateRun(Request):
     ]
     input: dict[str, Any] = Field(
         description="The agent's input; validated by the agent. " + STORABLE_JSON
+    )
+    labels: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Free-form labels to find the run by (`GET /api/runs?label=key=value`), "
+        f"at most {run_labels.MAX_LABELS}: keys of 1-{run_labels.KEY_MAX_LENGTH} letters, "
+        "digits and `. _ - /` that start and end with a letter or digit; values of "
+        f"1-{run_labels.VALUE_MAX_LENGTH} characters, no control characters, no space at "
+        f"either end. `{run_labels.FORKED_FROM}` is reserved (forks get it).",
+        # Checked by agentrun.labels, which says what is wrong in its own words.
+        json_schema_extra=LABELS_SCHEMA,
     )
 
 
@@ -145,6 +173,12 @@ class Fork(Request):
         description="Required for a live fork when the parent made write/hybrid calls after "
         "the fork point (see side-effects).",
     )
+    labels: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Labels for the fork besides those it inherits from its parent (the same "
+        f"rules as a new run's); it also gets `{run_labels.FORKED_FROM}`: the parent's short id.",
+        json_schema_extra=LABELS_SCHEMA,
+    )
 
 
 # --- responses -------------------------------------------------------------------------
@@ -195,6 +229,10 @@ class RunSummary(Response):
     final_answer: str
     tokens_in: int
     tokens_out: int
+    labels: dict[str, str] = Field(
+        description="The run's labels, by key. A fork has its parent's, and "
+        f"`{run_labels.FORKED_FROM}`: the parent's id, its first 8 characters."
+    )
 
 
 class ToolCall(Response):
@@ -232,6 +270,11 @@ class Step(Response):
 
 
 class RunDetail(RunSummary):
+    input: dict[str, Any] = Field(
+        description="The run's input as it was given (a fork: its parent's), with secrets "
+        "redacted: values of secret-named keys (api_key, password, token...) and "
+        "credentials found in text are `[REDACTED]`, as in every state the API shows."
+    )
     steps: list[Step] = Field(
         description="One page of the run's steps, in order: `steps_limit` of them from "
         "`steps_offset` (GET /runs/{run_id} takes both; the other operations answer "

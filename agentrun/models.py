@@ -148,6 +148,29 @@ class Run(models.Model):
         return chain
 
 
+class RunLabel(models.Model):
+    """One `key=value` label of a run (agentrun.labels holds the rules). Set at the start."""
+
+    # No index of its own: runlabel_run_key starts with run.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="labels", db_index=False)
+    key = models.CharField(max_length=63)
+    value = models.CharField(max_length=200)
+
+    class Meta:
+        ordering = ["run", "key"]
+        constraints = [
+            # A run has each key once; also the way from a run to its labels (the pages).
+            models.UniqueConstraint(fields=["run", "key"], name="runlabel_run_key"),
+        ]
+        indexes = [
+            # The run list's ?label=key=value (and ?label=key): the runs with that label.
+            models.Index(fields=["key", "value"], name="runlabel_key_value"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}"
+
+
 class StepStatus(models.TextChoices):
     RUNNING = "running"
     WAITING = "waiting"
@@ -187,6 +210,11 @@ class Step(models.Model):
     class Meta:
         ordering = ["run", "number"]
         constraints = [models.UniqueConstraint(fields=["run", "number"], name="step_run_number")]
+        indexes = [
+            # The run list's "succeeded after retries": does a run have a step that crashed?
+            # Holds the few crashed steps only; a step's usual updates leave it alone.
+            models.Index(fields=["run"], condition=Q(crashes__gt=0), name="step_crashed"),
+        ]
 
     def __str__(self) -> str:
         return f"step {self.number} of {self.run_id}"
@@ -389,6 +417,10 @@ class ToolCall(models.Model):
         return f"{self.tool} {self.idempotency_key}"
 
 
+#: Events that mean a step was tried again: a backoff after an error, or a crash.
+RETRY_EVENTS = ("retry_scheduled", "step_crashed")
+
+
 class Event(models.Model):
     """Append-only log of what the system and the operators did.
 
@@ -431,6 +463,9 @@ class Event(models.Model):
                 fields=["-created_at"], condition=Q(user__isnull=False), name="event_actions"
             ),
             models.Index(fields=["run", "created_at"], name="event_run_created"),
+            # The run list's "succeeded after retries": did a run back off or crash? Holds
+            # those events only, not the one or more events of every step.
+            models.Index(fields=["run"], condition=Q(kind__in=RETRY_EVENTS), name="event_retries"),
         ]
 
     def __str__(self) -> str:
@@ -455,6 +490,9 @@ class ApiToken(models.Model):
     prefix = models.CharField(max_length=12)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API token"
 
     def __str__(self) -> str:
         return f"{self.prefix}… for {self.user}"
@@ -481,6 +519,9 @@ class LedgerEntry(models.Model):
     account = models.CharField(max_length=200)
     amount = models.DecimalField(max_digits=18, decimal_places=4)
     created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name_plural = "ledger entries"
 
     def __str__(self) -> str:
         return f"{self.account} {self.amount}"

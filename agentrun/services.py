@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentrun import engine, storable
+from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.engine import compensate_run, enqueue
 from agentrun.events import record_event
@@ -34,8 +35,13 @@ class ActionError(ValueError):
     """The action doesn't apply to the run as it is (e.g. approving a finished run)."""
 
 
-def start_run(agent_name: Any, input: Any, *, user: Any = None) -> Run:
-    """Validate and create a queued run, then wake a worker for its first step."""
+def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = None) -> Run:
+    """Validate and create a queued run, then wake a worker for its first step.
+
+    `labels` ({"key": "value"}, see agentrun.labels) are checked first: bad ones raise
+    InvalidLabels (an InvalidInput) and nothing is stored.
+    """
+    labels = run_labels.check(labels)
     if not isinstance(agent_name, str) or not agent_name:
         raise InvalidInput("agent must be a non-empty string")
     agent = get_agent(agent_name)
@@ -61,6 +67,7 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None) -> Run:
             input=stored,
             created_by=user,
         )
+        run_labels.store(run, labels)
         snap, node = snapshots.build(run.pk, run.next_step, "pre", state, None, None)
         snap.save()
         record_event("run_created", run=run, user=user, payload={"agent": agent.name})
@@ -175,7 +182,8 @@ def decide_approval(
         if run.wait_reason == WaitReason.IN_DOUBT and decision == "reject":
             tc.requires_approval = True  # the engine fails the run on a rejected call
         tc.save(update_fields=["approval", "status", "requires_approval"])
-        run.steps.filter(number=run.next_step).update(status=StepStatus.RUNNING)
+        # Not "running": the next claim is an attempt, not a crash noticed.
+        run.steps.filter(number=run.next_step).update(status=StepStatus.WAITING)
         record_event(
             "approved" if decision == "approve" else "rejected",
             run=run,
@@ -224,12 +232,14 @@ def fork_run(
     reason: Any = "",
     user: Any = None,
     confirm_live: bool = False,
+    labels: Any = None,
 ) -> Run:
     """Start a new run from the (step, at) snapshot of `run`, optionally with an edited state.
 
     The fork links to its parent and source snapshot, numbers its steps on from
     the fork point, and never changes the parent. Raises ForkError (nothing
-    stored) on a bad request.
+    stored) on a bad request. The fork has its parent's labels, `labels` (checked
+    like a new run's) and forked-from=<the parent's short id>.
     """
     from agentrun import delta, snapshots
     from agentrun.models import Snapshot
@@ -244,6 +254,18 @@ def fork_run(
         raise ForkError(f"mode must be one of {', '.join(FORK_MODES)}", "mode")
     if not isinstance(reason, str):
         raise ForkError("reason must be a string", "reason")
+    try:
+        fork_labels = run_labels.for_fork(
+            {**run_labels.of(run), **run_labels.check(labels)}, run.pk
+        )
+    except run_labels.InvalidLabels as exc:
+        raise ForkError(str(exc), "labels") from None
+    if len(fork_labels) > run_labels.MAX_LABELS + 1:  # its own, and forked-from
+        raise ForkError(
+            f"the fork would have {len(fork_labels) - 1} labels besides "
+            f"{run_labels.FORKED_FROM}; a run has at most {run_labels.MAX_LABELS}",
+            "labels",
+        )
     source = Snapshot.objects.filter(run=run, seq=Snapshot.seq_for(step, at)).first()
     if source is None:
         last = run.steps.order_by("-number").values_list("number", flat=True).first()
@@ -289,6 +311,7 @@ def fork_run(
             next_step=first,
             phase=str(phase or ""),
         )
+        run_labels.store(fork, fork_labels)
         # A reference to the source (plus the edits), not a copy of the whole state.
         snap, node = snapshots.fork(fork.pk, first, source, source_state, new_state, edits)
         snap.save()

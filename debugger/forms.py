@@ -8,6 +8,7 @@ from django import forms
 from django.db.models import Q, QuerySet
 
 from agentrun import inflight
+from agentrun import labels as run_labels
 from agentrun.models import Event, Run, RunStatus, ToolCall
 from agentrun.storable import check_storable
 from debugger.diffs import SnapshotRef, SpecError
@@ -49,6 +50,8 @@ class RunFilterForm(DateRangeMixin):
         required=False, choices=[("", "any status"), ("active", "active"), *RunStatus.choices]
     )
     agent = forms.ChoiceField(required=False, choices=[])
+    # Repeatable (?label=a=b&label=c): every one must match. The page draws its own input.
+    label = forms.CharField(required=False, label="Label")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -68,7 +71,21 @@ class RunFilterForm(DateRangeMixin):
         runs = runs.filter(self.date_q("created_at"))
         if data["q"]:
             runs = runs.filter(_search_q(data["q"].strip()))
-        return runs
+        return run_labels.filter_runs(runs, data["label"])
+
+    def clean_label(self) -> list[str]:
+        """Every ?label= of the query (blank ones ignored), each `key=value` or `key`."""
+        given = self.data.getlist("label") if hasattr(self.data, "getlist") else []
+        found: list[str] = []
+        for text in (t.strip() for t in given):
+            if not text or text in found:
+                continue
+            try:
+                run_labels.parse_filter(text)
+            except run_labels.InvalidLabels as exc:
+                raise forms.ValidationError(str(exc)) from None
+            found.append(text)
+        return found
 
 
 def _search_q(text: str) -> Q:

@@ -35,6 +35,7 @@ urlpatterns = [
         views.snapshot_json,
         name="snapshot-json",
     ),
+    path("runs/<uuid:run_id>/input.json", views.run_input_json, name="run-input-json"),
     path("now/", views.now, name="now"),
     path("diff/", views.diff_any, name="diff"),
     path("audit/", views.audit, name="audit"),

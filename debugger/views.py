@@ -6,12 +6,16 @@ from typing import Any
 
 from django.contrib import messages
 from django.core.paginator import Paginator
+from django.db.models import BooleanField, Exists, OuterRef, QuerySet
+from django.db.models.expressions import RawSQL
+from django.db.models.fields.json import KeyTextTransform
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
+from django.utils.safestring import SafeString
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_htmx.middleware import HtmxDetails
@@ -19,7 +23,8 @@ from django_htmx.middleware import HtmxDetails
 from agentrun import inflight, services
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.delta import state_hash
-from agentrun.models import Run, Snapshot, Step
+from agentrun.models import RETRY_EVENTS, Event, Run, Snapshot, Step
+from agentrun.redact import redact
 from debugger import audit as audit_log
 from debugger import charts, compare, forks, timeline
 from debugger.access import abilities, get_run_for, role_required
@@ -83,8 +88,9 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         response = render(request, "debugger/_inflight_counts.html", counts)
         return _stop_polling_unless(bool(counts["inflight_total"]), response)
     form = RunFilterForm(request.GET)
-    runs = form.filter(Run.objects.select_related("created_by"))
+    runs = run_rows(form.filter(Run.objects.select_related("created_by")))
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    page.object_list = with_row_facts(list(page.object_list))
     token = hashlib.sha256(
         "|".join(f"{r.pk}:{r.updated_at.timestamp()}" for r in page).encode()
     ).hexdigest()[:16]
@@ -96,6 +102,7 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         "page": page,
         "active": active,
         "poll_url": f"{request.path}?{query.urlencode()}",
+        "label_filters": form.cleaned_data["label"] if form.is_valid() else [],
         **abilities(request),
     }
     if _fragment(request, "run-rows"):
@@ -734,4 +741,64 @@ def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
     )
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="agentrun-audit-{stamp}.csv"'
+    return response
+
+
+# --- b-labels: the run list's rows, a run's input ------------------------------------------
+
+
+# The kinds as SQL constants, not parameters: SQLite uses a partial index (event_retries)
+# only for a condition it can see is the index's own.
+assert all(kind.isidentifier() for kind in RETRY_EVENTS)
+_RETRY_KINDS = RawSQL(  # noqa: S611 -- our own constants, checked above
+    "kind IN (" + ", ".join(f"'{kind}'" for kind in RETRY_EVENTS) + ")",
+    (),
+    output_field=BooleanField(),
+)
+
+
+def run_rows(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """The run list's rows: without their input (it may be a megabyte), with their labels
+    (one query for the page). `with_row_facts` adds the rest for the page's runs only."""
+    return runs.defer("input").prefetch_related("labels")
+
+
+def with_row_facts(runs: list[Run]) -> list[Run]:
+    """Each run's goal (read from its input in the database), and whether a step of it
+    backed off after an error (`backed_off`) or crashed (`crashed`) and was tried again.
+
+    One query for the page's runs: in the page's query, SQLite would work these out for
+    every matching run before sorting. Both lookups use small partial indexes
+    (event_retries, step_crashed).
+    """
+    facts = (
+        Run.objects.filter(pk__in=[run.pk for run in runs])
+        .annotate(
+            goal=KeyTextTransform("goal", "input"),
+            backed_off=Exists(Event.objects.filter(_RETRY_KINDS, run=OuterRef("pk")).order_by()),
+            crashed=Exists(Step.objects.filter(run=OuterRef("pk"), crashes__gt=0).order_by()),
+        )
+        .order_by()
+        .values_list("pk", "goal", "backed_off", "crashed")
+    )
+    by_pk = {pk: rest for pk, *rest in facts} if runs else {}
+    for run in runs:
+        run.goal, run.backed_off, run.crashed = by_pk.get(run.pk, ("", False, False))
+    return runs
+
+
+def input_tree(run: Run) -> SafeString:
+    """The run's input as a JSON tree, secrets redacted; what doesn't fit links to the
+    whole input as JSON."""
+    url = reverse("debugger:run-input-json", args=[run.pk])
+    return render_tree(redact(run.input), TreeOptions(link=lambda path, start: url))
+
+
+@role_required
+def run_input_json(request: HttpRequest, run_id: Any) -> HttpResponse:
+    """The run's input, redacted, as a JSON download."""
+    run = get_run_for(request, run_id)
+    body = json.dumps(redact(run.input), indent=2, ensure_ascii=False)
+    response = HttpResponse(body, content_type="application/json; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-input.json"'
     return response
