@@ -47,6 +47,9 @@ MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
 MAX_OFFSET = 10**9  # beyond it the database's integers overflow long before any page exists
 MAX_STEP = s.MAX_STEP
+# A run's steps per page of GET /runs/{id}: the default covers a usual run whole.
+STEPS_DEFAULT_LIMIT = 200
+STEPS_MAX_LIMIT = 1000
 FORK_FIELDS = s.FORK_FIELDS
 # Writing last_used_at on every request would turn each read into a write.
 TOKEN_TOUCH_EVERY = timedelta(minutes=1)
@@ -238,15 +241,25 @@ def _step(step: Step) -> dict[str, Any]:
     }
 
 
-def detail_json(run: Run) -> dict[str, Any]:
+def detail_json(run: Run, steps_offset: int = 0, steps_limit: int | None = None) -> dict[str, Any]:
+    """The run with one page of its steps (in order), and where the next page starts."""
+    limit = STEPS_DEFAULT_LIMIT if steps_limit is None else steps_limit
     steps = run.steps.order_by("number").prefetch_related(
         Prefetch("tool_calls", queryset=ToolCall.objects.order_by("index"))
-    )
+    )[steps_offset : steps_offset + limit]
+    page = [_step(s) for s in steps]
+    short = len(page) < limit and (page or not steps_offset)  # the last page: no count needed
+    total = steps_offset + len(page) if short else run.steps.count()
+    following = steps_offset + len(page)
     kept_by = retention.kept_by(run) if run.pinned_at is None and run.purged_at is None else None
     return {
         **summary_json(run),
         "input": redact(run.input),
-        "steps": [_step(s) for s in steps],
+        "steps": page,
+        "steps_total": total,
+        "steps_offset": steps_offset,
+        "steps_limit": limit,
+        "steps_next_offset": following if following < total else None,
         "kept_by": str(kept_by.pk) if kept_by else None,
     }
 
@@ -401,11 +414,26 @@ def start_run(request: HttpRequest, body: s.CreateRun) -> Status[dict[str, Any]]
 
 @api.get(
     "/runs/{run_id}",
-    response={200: s.RunDetail, **_errors(401, 403, 404)},
+    response={200: s.RunDetail, **_errors(400, 401, 403, 404)},
     summary="A run with its steps and tool calls",
 )
-def get_run(request: HttpRequest, run_id: RunId) -> dict[str, Any]:
-    return detail_json(_get_run(run_id))
+def get_run(
+    request: HttpRequest,
+    run_id: RunId,
+    steps_offset: Annotated[
+        int, Query(ge=0, le=MAX_OFFSET, description="Steps to skip (in step order).")
+    ] = 0,
+    steps_limit: Annotated[
+        int,
+        Query(
+            ge=1,
+            le=STEPS_MAX_LIMIT,
+            description=f"Steps in this page (default {STEPS_DEFAULT_LIMIT}); "
+            "`steps_next_offset` says where the next page starts.",
+        ),
+    ] = STEPS_DEFAULT_LIMIT,
+) -> dict[str, Any]:
+    return detail_json(_get_run(run_id), steps_offset, steps_limit)
 
 
 @api.get(

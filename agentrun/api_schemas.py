@@ -286,7 +286,17 @@ class RunDetail(RunSummary):
         "redacted: values of secret-named keys (api_key, password, token...) and "
         "credentials found in text are `[REDACTED]`, as in every state the API shows."
     )
-    steps: list[Step]
+    steps: list[Step] = Field(
+        description="One page of the run's steps, in order: `steps_limit` of them from "
+        "`steps_offset` (GET /runs/{run_id} takes both; the other operations answer "
+        "with the first page)."
+    )
+    steps_total: int = Field(description="All the run's steps, not just this page.")
+    steps_offset: int = Field(description="Steps skipped before this page.")
+    steps_limit: int = Field(description="The page size asked for.")
+    steps_next_offset: int | None = Field(
+        description="The steps_offset of the next page; null on the last one."
+    )
     kept_by: UUID | None = Field(
         description="A pinned fork ancestor or descendant that keeps this run from retention."
     )

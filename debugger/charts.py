@@ -20,6 +20,14 @@ class StepPoint:
     duration_ms: float | None
     state_size: int | None
     failed: bool = False
+    # Wall time of the step besides its work (duration_ms): retry backoff (tool retries,
+    # rate limits, crashes) and the rest (approval, an operator, the queue).
+    backoff_ms: float = 0.0
+    wait_ms: float = 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return (self.duration_ms or 0.0) + self.backoff_ms + self.wait_ms
 
 
 @dataclass
@@ -29,26 +37,63 @@ class Chart:
     label: str
 
 
+COLUMNS = 300  # bars at most: a longer run draws the slowest step of each group of steps
+SEGMENTS = (("work", "duration_ms"), ("backoff", "backoff_ms"), ("wait", "wait_ms"))
+
+
+def columns(points: Sequence[StepPoint]) -> list[StepPoint]:
+    """At most COLUMNS points: each group of consecutive steps by its slowest step
+    (marked failed when any step of the group failed)."""
+    size = max(1, -(-len(points) // COLUMNS))
+    if size == 1:
+        return list(points)
+    out = []
+    for i in range(0, len(points), size):
+        group = points[i : i + size]
+        slowest = max(group, key=lambda p: p.total_ms)
+        failed = any(p.failed for p in group)
+        out.append(
+            StepPoint(
+                slowest.number,
+                slowest.duration_ms,
+                group[-1].state_size,
+                failed,
+                slowest.backoff_ms,
+                slowest.wait_ms,
+            )
+        )
+    return out
+
+
 def duration_bars(points: Sequence[StepPoint], height: float = 48.0) -> Chart:
-    """One bar per step, failed steps in their own colour."""
-    top = max((p.duration_ms or 0.0 for p in points), default=0.0) or 1.0
+    """One stacked bar per step (or per group of steps, see columns): the work, then the
+    backoff and the waits on top, so a step that waited 7 s shows 7 s, not its 3 ms of
+    work. Failed steps' work in its own colour."""
+    points = columns(points)
+    top = max((p.total_ms for p in points), default=0.0) or 1.0
     width = WIDTH / max(len(points), 1)
     gap = width * 0.15 if width > 3 else 0.0
-    paths: dict[str, list[str]] = {"ok": [], "failed": []}
+    paths: dict[str, list[str]] = {"ok": [], "failed": [], "backoff": [], "wait": []}
     for i, p in enumerate(points):
-        if not p.duration_ms:
+        if not p.total_ms:
             continue
-        h = max(p.duration_ms / top * height, 0.8)
-        x = i * width
-        paths["failed" if p.failed else "ok"].append(
-            f"M{x:.2f} {height:.2f}h{width - gap:.2f}v{-h:.2f}h{gap - width:.2f}z"
-        )
+        x, y = i * width, height
+        for name, attr in SEGMENTS:
+            value = getattr(p, attr) or 0.0
+            if not value:
+                continue
+            h = max(value / top * height, 0.8)
+            if name == "work":
+                name = "failed" if p.failed else "ok"
+            paths[name].append(f"M{x:.2f} {y:.2f}h{width - gap:.2f}v{-h:.2f}h{gap - width:.2f}z")
+            y -= h
     body = "".join(f'<path class="bar-{name}" d="{"".join(d)}"/>' for name, d in paths.items() if d)
     return Chart(_svg(body, height, "Step durations"), top, "duration")
 
 
 def size_line(points: Sequence[StepPoint], height: float = 36.0) -> Chart:
     """State size after each step, as a line with a light fill."""
+    points = columns(points)
     sizes = [(i, p.state_size) for i, p in enumerate(points) if p.state_size is not None]
     top = float(max((s for _, s in sizes), default=0)) or 1.0
     width = WIDTH / max(len(points), 1)

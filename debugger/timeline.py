@@ -12,7 +12,8 @@ from functools import lru_cache
 from html import escape  # the stdlib's: same escaping as Django's, without the lazy wrapper
 from typing import Any
 
-from django.db.models import Count, Max, Min, Sum
+from django.db import connection
+from django.db.models import Count, F, FloatField, Func, Max, Min, Sum
 from django.db.models.fields.json import KT
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -74,10 +75,13 @@ class Row:
         return " · ".join(bits)
 
 
-def rows(run: Run) -> list[Row]:
+def rows(run: Run, numbers: list[int] | None = None) -> list[Row]:
+    """Rows of the compact list: every step, or only `numbers` (a window of the list)."""
+    steps = Step.objects.filter(run=run)
+    if numbers is not None:
+        steps = steps.filter(number__in=numbers)
     steps = (
-        Step.objects.filter(run=run)
-        .order_by("number")
+        steps.order_by("number")
         .annotate(thought_text=KT("decision__thought"), final_text=KT("decision__final"))
         .values_list(
             "number",
@@ -91,11 +95,14 @@ def rows(run: Run) -> list[Row]:
             "final_text",
         )
     )
+    calls = ToolCall.objects.filter(run=run)
+    if numbers is not None:  # through toolcall_step_index, not all the run's calls
+        calls = ToolCall.objects.filter(
+            step_id__in=Step.objects.filter(run=run, number__in=numbers).values("pk")
+        )
     tools: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
-    for number, tool, kind, status in (
-        ToolCall.objects.filter(run=run)
-        .order_by("step__number", "index")
-        .values_list("step__number", "tool", "kind", "status")
+    for number, tool, kind, status in calls.order_by("step__number", "index").values_list(
+        "step__number", "tool", "kind", "status"
     ):
         tools[number].append((tool, kind, status))
     out = []
@@ -331,3 +338,367 @@ def list_html(rows: list[Row], step_url: str, selected: int | None) -> SafeStrin
             f'<span class="dur">{retry}{escape(ms(r.duration_ms))}</span></a>'
         )
     return mark_safe("".join(parts))  # noqa: S308 - escaped above
+
+
+# --- the run page at scale (10,000 steps): marks, a binned strip, a windowed list -------
+# The page reads every step's few small columns (no decision, no result) and draws at
+# most MAX_CELLS strip cells and CHART_COLUMNS chart bars; the list holds a window of
+# rows around the selected step and loads more as it scrolls. So its HTML stays about
+# the same size whatever the run's length.
+
+MAX_CELLS = 200  # strip cells at most: beyond, steps are binned
+LIST_ALL = 150  # a run (or a search) with this many steps or fewer lists all of them
+LIST_PAGE = 100  # rows per window or page of the list
+LIST_BEFORE = 30  # rows of the window above the selected step
+
+# Bits of Mark.did: what a step did, for the strip's colour.
+DID_READ, DID_WRITE, DID_HYBRID, DID_ANSWER = 1, 2, 4, 8
+KIND_BITS = {"read": DID_READ, "write": DID_WRITE, "hybrid": DID_HYBRID}
+# Events that mean a step waited: a backoff (tool retry, rate limit, crash) or an operator.
+WAIT_EVENTS = ("retry_scheduled", "step_crashed", "approval_requested", "tool_call_in_doubt")
+BACKOFF_EVENTS = {"retry_scheduled": "backoff_s", "step_crashed": "retry_in_s"}
+
+# The strip's colour for a group of steps, worst first; after these, the phase.
+SEVERITY = ("failed", "retried", "waiting", "answer", "hybrid", "write", "read")
+
+
+@dataclass(slots=True)
+class Mark:
+    """One step, as small as the strip and the charts need it."""
+
+    number: int
+    status: str
+    phase: str
+    attempts: int
+    duration_ms: float | None
+    state_size: int | None
+    wall_ms: float | None  # first claim to commit (or to now): work, backoff and waits
+    did: int = 0
+    backoff_ms: float = 0.0
+    waited: bool = False  # a wait event: backoff, rate limit, crash, approval, in doubt
+
+    @property
+    def rank(self) -> int:
+        """The severity's place in SEVERITY; len(SEVERITY) for none."""
+        severity = self.severity
+        return SEVERITY.index(severity) if severity else len(SEVERITY)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == StepStatus.FAILED
+
+    @property
+    def retried(self) -> bool:
+        return self.attempts > 1
+
+    @property
+    def severity(self) -> str:
+        """The first of SEVERITY that applies, else "" (coloured by phase)."""
+        if self.failed:
+            return "failed"
+        if self.retried:
+            return "retried"
+        if self.status == StepStatus.WAITING:
+            return "waiting"
+        if self.did & DID_ANSWER:
+            return "answer"
+        for name, bit in (("hybrid", DID_HYBRID), ("write", DID_WRITE), ("read", DID_READ)):
+            if self.did & bit:
+                return name
+        return ""
+
+
+class WallMs(Func):
+    """Milliseconds from a step's first claim to its commit, computed by the database
+    (10,000 datetimes converted in Python cost more than the rest of the page)."""
+
+    output_field = FloatField()
+
+    def __init__(self) -> None:
+        super().__init__(F("finished_at"), F("started_at"))
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        template = "CAST(EXTRACT(EPOCH FROM (%(expressions)s)) * 1000 AS double precision)"
+        return super().as_sql(compiler, connection, template=template, arg_joiner=" - ", **extra)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        template = "((julianday(%(expressions)s)) * 86400000.0)"
+        return super().as_sql(
+            compiler, connection, template=template, arg_joiner=") - julianday(", **extra
+        )
+
+
+class Marks(list[Mark]):
+    """The run's steps in order, with its tool call counts."""
+
+    calls = 0
+    side_effects = 0
+
+    def stats(self) -> dict[str, Any]:
+        """What stats(run) says, from what marks() read already."""
+        durations = [m.duration_ms for m in self if m.duration_ms is not None]
+        return {
+            "steps": len(self),
+            "total_ms": sum(durations) if durations else None,
+            "slowest_ms": max(durations, default=None),
+            "first": self[0].number if self else None,
+            "last": self[-1].number if self else None,
+            "calls": self.calls,
+            "side_effects": self.side_effects,
+        }
+
+
+SIDE_EFFECT_KINDS = ("write", "hybrid")
+
+
+def marks(run: Run) -> Marks:
+    """Every step of the run, in order: three cheap queries on indexed columns, read
+    raw (Django's per-row conversions cost more than the queries at 10,000 rows)."""
+    now = timezone.now()
+    by_id: dict[int, Mark] = {}
+    out = Marks()
+    unfinished = []
+    query = (
+        Step.objects.filter(run=run)
+        .order_by("number")
+        .values_list(
+            "pk",
+            "number",
+            "status",
+            "phase_before",
+            "phase_after",
+            "attempts",
+            "duration_ms",
+            "state_size",
+            WallMs(),
+        )
+        .query
+    )
+    sql, params = query.sql_with_params()
+    with connection.cursor() as cursor:  # no per-row converters: plain numbers and text
+        cursor.execute(sql, params)
+        step_rows = cursor.fetchall()
+    for pk, number, status, before, after, attempts, duration, size, wall in step_rows:
+        mark = Mark(number, status, after or before or "", attempts, duration, size, wall)
+        if wall is None and status in (StepStatus.RUNNING, StepStatus.WAITING):
+            unfinished.append(pk)
+        if after == "done" and status == StepStatus.SUCCEEDED:
+            mark.did |= DID_ANSWER
+        by_id[pk] = mark
+        out.append(mark)
+    for pk, started in Step.objects.filter(pk__in=unfinished).values_list("pk", "started_at"):
+        by_id[pk].wall_ms = (now - started).total_seconds() * 1000  # still running or waiting
+    sql, params = (
+        ToolCall.objects.filter(run=run).values_list("step_id", "kind").query.sql_with_params()
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        call_rows = cursor.fetchall()
+    out.calls = len(call_rows)
+    for step_id, kind in call_rows:
+        if kind in SIDE_EFFECT_KINDS:
+            out.side_effects += 1
+        if step_id in by_id:
+            by_id[step_id].did |= KIND_BITS.get(kind, 0)
+    numbered = {m.number: m for m in out}
+    for number, kind, payload in Event.objects.filter(
+        run=run, kind__in=WAIT_EVENTS, step__isnull=False
+    ).values_list("step", "kind", "payload"):
+        mark = numbered.get(number)
+        if mark is None:
+            continue
+        mark.waited = True
+        seconds = (payload or {}).get(BACKOFF_EVENTS.get(kind, ""))
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            mark.backoff_ms += float(seconds) * 1000
+    return out
+
+
+def opening_step(run: Run, all_marks: list[Mark]) -> int | None:
+    """Where a run page opens: the first failed step, else the step the run waits on (an
+    operator must act), else the first retried one, else (a fork) its first step that
+    diverged from its parent, else the last."""
+    tests = (
+        lambda m: m.failed,
+        lambda m: m.status == StepStatus.WAITING,
+        lambda m: m.retried,
+    )
+    for test in tests:
+        hit = next((m.number for m in all_marks if test(m)), None)
+        if hit is not None:
+            return hit
+    if run.parent_id:
+        diverged = first_divergence(run)
+        if diverged is not None and any(m.number == diverged for m in all_marks):
+            return diverged
+    return all_marks[-1].number if all_marks else None
+
+
+def first_divergence(run: Run) -> int | None:
+    """A fork's first own step whose post state differs from its parent's at that step:
+    the engine's record (recorded mode), else by content hash."""
+    if run.divergence_step is not None or not run.parent_id:
+        return run.divergence_step
+    hashes = dict(
+        Snapshot.objects.filter(run_id=run.parent_id, at="post", step__gte=run.first_step)
+        .order_by("step")
+        .values_list("step", "hash")
+    )
+    for step, h in (
+        Snapshot.objects.filter(run=run, at="post").order_by("step").values_list("step", "hash")
+    ):
+        if hashes.get(step) != h:
+            return step
+    return None
+
+
+@dataclass
+class Cell:
+    """A strip cell: one step, or a bin of consecutive steps."""
+
+    lo: int
+    hi: int
+    count: int
+    severity: str
+    phase: str
+    pick: int  # the step a click opens: the bin's worst (or first matching) one
+    counts: dict[str, int]
+    matches: int | None  # steps the search matched in the cell; None: no search
+
+
+def cells(all_marks: list[Mark], matches: set[int] | None = None) -> list[Cell]:
+    """At most MAX_CELLS cells over the run, each coloured by its worst step."""
+    size = max(1, -(-len(all_marks) // MAX_CELLS))
+    ranks = [m.rank for m in all_marks]
+    out = []
+    for i in range(0, len(all_marks), size):
+        group = range(i, min(i + size, len(all_marks)))
+        counts = {"failed": 0, "retried": 0, "waiting": 0}
+        for j in group:
+            rank = ranks[j]
+            if rank < 3:  # failed, retried and waiting are counted in the cell's title
+                counts[SEVERITY[rank]] += 1
+        hits = (
+            [j for j in group if all_marks[j].number in matches] if matches is not None else group
+        )
+        worst = all_marks[min(hits or group, key=ranks.__getitem__)]
+        out.append(
+            Cell(
+                lo=all_marks[group[0]].number,
+                hi=all_marks[group[-1]].number,
+                count=len(group),
+                severity=worst.severity,
+                phase=worst.phase,
+                pick=worst.number,
+                counts=counts,
+                matches=len(hits) if matches is not None else None,
+            )
+        )
+    return out
+
+
+def cells_html(
+    cell_list: list[Cell], step_url: str, selected: int | None, binned: bool
+) -> SafeString:
+    """The strip. One step per cell: as before (its number, phase colour, marks); bins:
+    a range each, coloured by SEVERITY, with a title that counts what is inside."""
+    parts = []
+    for c in cell_list:
+        sel = " sel" if selected is not None and c.lo <= selected <= c.hi else ""
+        dim = " dim" if c.matches == 0 else ""
+        if not binned:
+            marks_on = [n for n in ("failed", "waiting", "retried") if c.counts.get(n)]
+            classes = " ".join([f"ph-{_css(c.phase)}", *marks_on])
+            label = "" if len(cell_list) > DENSE_STRIP else f"<span>{c.lo}</span>"
+            title = f"step {c.lo} · {c.phase or '–'}" + "".join(f" · {n}" for n in marks_on)
+            parts.append(
+                f'<a href="{step_url}{c.lo}/" data-n="{c.lo}" class="cell {classes}{sel}{dim}" '
+                f'title="{escape(title)}">{label}</a>'
+            )
+            continue
+        bits = [f"steps {c.lo}–{c.hi}"]
+        bits += [f"{n} {name}" for name, n in c.counts.items() if n]
+        if c.matches is not None:
+            bits.append(f"{c.matches} matching")
+        tone = f"k-{c.severity}" if c.severity else f"ph-{_css(c.phase)}"
+        parts.append(
+            f'<a href="{step_url}{c.pick}/" data-lo="{c.lo}" data-hi="{c.hi}" '
+            f'class="cell bin {tone}{sel}{dim}" title="{escape(" · ".join(bits))}"></a>'
+        )
+    return mark_safe("".join(parts))  # noqa: S308 - numbers and escaped text only
+
+
+@dataclass
+class Window:
+    """Which of the listed steps the page holds: numbers[start:end]."""
+
+    numbers: list[int]
+    start: int
+    end: int
+
+    @property
+    def shown(self) -> list[int]:
+        return self.numbers[self.start : self.end]
+
+    @property
+    def before(self) -> int | None:
+        """The first shown step, when earlier ones are left out (the "load earlier" cue)."""
+        return self.numbers[self.start] if self.start > 0 else None
+
+    @property
+    def after(self) -> int | None:
+        return self.numbers[self.end - 1] if self.end < len(self.numbers) else None
+
+
+def window(numbers: list[int], around: int | None) -> Window:
+    """All of a short list; for a long one, LIST_PAGE rows with `around` near the top."""
+    if len(numbers) <= LIST_ALL:
+        return Window(numbers, 0, len(numbers))
+    if around is None:
+        at = len(numbers) - 1
+    else:
+        from bisect import bisect_left
+
+        at = min(bisect_left(numbers, around), len(numbers) - 1)
+    start = max(0, min(at - LIST_BEFORE, len(numbers) - LIST_PAGE))
+    return Window(numbers, start, min(len(numbers), start + LIST_PAGE))
+
+
+def page_after(numbers: list[int], after: int) -> Window:
+    from bisect import bisect_right
+
+    start = bisect_right(numbers, after)
+    return Window(numbers, start, min(len(numbers), start + LIST_PAGE))
+
+
+def page_before(numbers: list[int], before: int) -> Window:
+    from bisect import bisect_left
+
+    end = bisect_left(numbers, before)
+    return Window(numbers, max(0, end - LIST_PAGE), end)
+
+
+def chart_points_of(all_marks: list[Mark]) -> list[charts.StepPoint]:
+    """Per step (or, for a long run, per chart column: its slowest step): the work, the
+    backoff (retry delays, rate limits, crashes) and the rest of its wall time (approval,
+    an operator, the queue) as their own segments."""
+    size = max(1, -(-len(all_marks) // charts.COLUMNS))
+    points = []
+    for i in range(0, len(all_marks), size):
+        group = all_marks[i : i + size]
+        m = max(group, key=lambda m: max(m.wall_ms or 0.0, m.duration_ms or 0.0))
+        work = m.duration_ms or 0.0
+        wall = max(m.wall_ms or 0.0, work)
+        backoff = min(m.backoff_ms, wall - work)
+        rest = wall - work - backoff
+        points.append(
+            charts.StepPoint(
+                m.number,
+                m.duration_ms,
+                group[-1].state_size,
+                any(g.status == StepStatus.FAILED for g in group),
+                backoff_ms=backoff,
+                wait_ms=rest if rest >= 1.0 else 0.0,  # under 1 ms: the commit's bookkeeping
+            )
+        )
+    return points

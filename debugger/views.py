@@ -50,6 +50,8 @@ from debugger.jsontree import (
     render_tree,
     resolve,
 )
+from debugger.search import FIELDS as search_fields
+from debugger.search import StepSearchForm
 from debugger.states import diff_snapshots, load_states
 
 RUNS_PER_PAGE = 50
@@ -157,15 +159,26 @@ def run_detail(request: HtmxHttpRequest, run_id: Any, number: int | None = None)
         context = {"run": run, **_step_context(run, step), **abilities(request)}
         response = render(request, "debugger/run_detail.html#step", context)
         return _stop_polling_unless(not context["sv"].finished and run.is_active, response)
-    rows = timeline.rows(run)
+    marks = timeline.marks(run)
+    found = _search(request, run)
+    if found.errors:
+        if request.htmx and not request.htmx.history_restore_request:
+            return HttpResponse(_search_errors(found), status=400)
+    elif _list_page_request(request):
+        return _list_page(request, run, marks, found)
     if number is None:
-        number = timeline.default_step(run, rows)
-    elif not any(r.number == number for r in rows):
+        hits = found.matches() if found.active else None
+        number = timeline.opening_step(
+            run, marks if hits is None else [m for m in marks if m.number in hits]
+        )
+    elif not any(m.number == number for m in marks):
         raise Http404("no such step")
-    context = {**_run_context(request, run, rows), "selected": number}
+    context = {**_run_context(request, run, marks, found, number), "selected": number}
+    if _fragment(request, "run-live"):  # the search form: the filtered strip and list
+        return _live_response(request, run, context)
     if number is not None:
         context.update(_step_context(run, get_object_or_404(Step, run=run, number=number)))
-    return render(request, "debugger/run_detail.html", context)
+    return render(request, "debugger/run_detail.html", context, status=400 if found.errors else 200)
 
 
 @role_required
@@ -174,8 +187,15 @@ def run_live(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     run = get_run_for(request, run_id)
     if request.GET.get("v") == timeline.version(run) and run.is_active:
         return HttpResponse(status=204)
-    rows = timeline.rows(run)
-    context = _run_context(request, run, rows)
+    marks = timeline.marks(run)
+    found = _search(request, run)
+    around = request.GET.get("around", "")
+    selected = int(around) if around.isdigit() and len(around) < 10 else None
+    context = _run_context(request, run, marks, found, selected)
+    return _live_response(request, run, context)
+
+
+def _live_response(request: HttpRequest, run: Run, context: dict[str, Any]) -> HttpResponse:
     body = render_to_string("debugger/run_detail.html#live", context, request=request)
     body += render_to_string(
         "debugger/run_detail.html#steplist", {**context, "oob": True}, request=request
@@ -183,14 +203,29 @@ def run_live(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     return _stop_polling_unless(run.is_active, HttpResponse(body))
 
 
-def _run_context(request: HttpRequest, run: Run, rows: list[timeline.Row]) -> dict[str, Any]:
-    points = timeline.chart_points(rows)
+def _run_context(
+    request: HttpRequest,
+    run: Run,
+    marks: list[timeline.Mark],
+    found: StepSearchForm | None = None,
+    selected: int | None = None,
+) -> dict[str, Any]:
+    found = found if found is not None else StepSearchForm(run)
+    matches = found.matches() if found.active else None
+    points = timeline.chart_points_of(marks)
     lineage = forks.lineage(run)
+    cells = timeline.cells(marks, matches)
+    binned = len(marks) > timeline.MAX_CELLS
+    step_url = reverse("debugger:run-step", args=[run.pk, 0]).removesuffix("0/")
     return {
-        "run": run,
-        "timeline": rows,
-        "dense": len(rows) > timeline.DENSE_STRIP,
-        "stats": timeline.stats(run),
+        **_list_context(run, marks, found, selected),
+        "timeline": marks,
+        "total_steps": len(marks),
+        "strip": timeline.cells_html(cells, step_url, selected, binned),
+        "binned": binned,
+        "bin_size": cells[0].count if cells else 1,
+        "dense": len(cells) > timeline.DENSE_STRIP,
+        "stats": marks.stats() if isinstance(marks, timeline.Marks) else timeline.stats(run),
         "elapsed": timeline.elapsed(run),
         "lineage": lineage,
         "fork_tree": forks.tree(run),
@@ -198,12 +233,81 @@ def _run_context(request: HttpRequest, run: Run, rows: list[timeline.Row]) -> di
         "waiting_call": timeline.waiting_call(run),
         "duration_chart": charts.duration_bars(points),
         "size_chart": charts.size_line(points),
+        "waited_ms": sum(p.backoff_ms + p.wait_ms for p in points),
         "version": timeline.version(run),
-        "step_url": reverse("debugger:run-step", args=[run.pk, 0]).removesuffix("0/"),
-        "phases": PHASES,
+        "phases": [p for p in PHASES if p != "waiting"],  # "waiting" is the mark's entry
         "cancel_form": CancelForm(),
         **abilities(request),
     }
+
+
+def _search(request: HttpRequest, run: Run) -> StepSearchForm:
+    """The run page's search, bound when the query string has one of its fields."""
+    if any(request.GET.get(name) for name in search_fields):
+        return StepSearchForm(run, request.GET)
+    return StepSearchForm(run)
+
+
+def _search_errors(form: StepSearchForm) -> str:
+    from django.utils.html import escape
+
+    problems = "; ".join(f"{name}: {' '.join(errs)}" for name, errs in form.errors.items())
+    return f'<p class="callout bad" id="search-error">Search refused: {escape(problems)}</p>'
+
+
+def _listed(marks: list[timeline.Mark], found: StepSearchForm) -> list[int]:
+    """The step numbers the list shows: all of them, or the search's matches."""
+    if not found.active:
+        return [m.number for m in marks]
+    matches = found.matches()
+    return [m.number for m in marks if m.number in matches]
+
+
+def _list_context(
+    run: Run,
+    marks: list[timeline.Mark],
+    found: StepSearchForm,
+    selected: int | None,
+    win: timeline.Window | None = None,
+) -> dict[str, Any]:
+    """What the step list (or a page of it) renders."""
+    if win is None:
+        win = timeline.window(_listed(marks, found), selected)
+    run_url = reverse("debugger:run-detail", args=[run.pk])
+    search_qs = found.query_string()
+    return {
+        "run": run,
+        "list_rows": timeline.rows(run, win.shown) if win.shown else [],
+        "window": win,
+        "listed": len(win.numbers),
+        "search": found,
+        "search_qs": search_qs,
+        "list_url": f"{run_url}?{search_qs}{'&' if search_qs else ''}",
+        "step_url": reverse("debugger:run-step", args=[run.pk, 0]).removesuffix("0/"),
+    }
+
+
+def _list_page_request(request: HttpRequest) -> bool:
+    return bool(request.htmx) and any(k in request.GET for k in ("after", "before", "around"))
+
+
+def _list_page(
+    request: HtmxHttpRequest, run: Run, marks: list[timeline.Mark], found: StepSearchForm
+) -> HttpResponse:
+    """More rows of the step list: after or before a step (scrolling), or a new window
+    around one (a step picked outside the rows the list holds)."""
+    listed = _listed(marks, found)
+    key = next(k for k in ("after", "before", "around") if k in request.GET)
+    value = request.GET[key]
+    if not value.isdigit() or len(value) > 9:
+        return HttpResponse(f"{key} must be a step number", status=400)
+    n = int(value)
+    if key == "around":
+        context = {**_list_context(run, marks, found, n), "selected": n}
+        return render(request, "debugger/run_detail.html#steplist", context)
+    win = timeline.page_after(listed, n) if key == "after" else timeline.page_before(listed, n)
+    context = {**_list_context(run, marks, found, None, win), "part": key}
+    return render(request, "debugger/run_detail.html#listpage", context)
 
 
 def _step_context(run: Run, step: Step) -> dict[str, Any]:

@@ -221,3 +221,61 @@
     if (group && group.tagName === "DETAILS") group.open = true;
   });
 })();
+
+// e-runpage: a long run's strip groups steps into cells (data-lo..data-hi) and its step
+// list holds a window of rows. When the selected step is outside the window (a cell or
+// the keyboard went there), load the window around it; keep the cell that holds it marked.
+(function () {
+  "use strict";
+
+  function selected() {
+    var body = document.getElementById("step-body");
+    var n = body && body.getAttribute("data-step");
+    return n ? Number(n) : null;
+  }
+
+  function markBins() {
+    var n = selected();
+    document.querySelectorAll("#strip .cell[data-lo]").forEach(function (cell) {
+      var on = n !== null && Number(cell.getAttribute("data-lo")) <= n && n <= Number(cell.getAttribute("data-hi"));
+      cell.classList.toggle("sel", on);
+    });
+  }
+
+  function scrollToRow(list, n) {
+    var row = list.querySelector('[data-n="' + n + '"]');
+    if (row) list.scrollTop += row.getBoundingClientRect().top - list.getBoundingClientRect().top - 90;
+  }
+
+  function followSelection() {
+    var n = selected(), list = document.getElementById("step-list");
+    if (n === null || !list || !window.htmx) return;
+    if (list.querySelector('[data-n="' + n + '"]')) return;
+    var url = list.getAttribute("data-window");
+    if (!url) return;
+    window.htmx.ajax("GET", url + n, { target: "#step-list", swap: "outerHTML" });
+  }
+
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var target = event.detail && event.detail.target;
+    markBins();
+    if (target && target.id === "step-body") followSelection();
+    if (target && target.id === "step-list") {
+      var n = selected();
+      if (n !== null) {
+        var list = document.getElementById("step-list");
+        list.querySelectorAll("[data-n]").forEach(function (el) {
+          el.classList.toggle("sel", el.getAttribute("data-n") === String(n));
+        });
+        scrollToRow(list, n);
+      }
+    }
+  });
+  document.addEventListener("htmx:oobAfterSwap", markBins);
+  document.addEventListener("DOMContentLoaded", function () {
+    markBins();
+    var n = selected(), list = document.getElementById("step-list");
+    // A long list opens with the selected row near its top, wherever the list sits on the page.
+    if (n !== null && list && list.querySelector(".more")) scrollToRow(list, n);
+  });
+})();

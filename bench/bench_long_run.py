@@ -1,0 +1,262 @@
+"""The run page, search and the run API at 10,000 steps. Run by hand, not by pytest:
+
+    /work/main/.venv/bin/python bench/bench_long_run.py                 # flat, 10,000 steps
+    /work/main/.venv/bin/python bench/bench_long_run.py --variants flat,grow --grow-steps 2000
+    /work/main/.venv/bin/python bench/bench_long_run.py --compare /work/main   # also main's pages
+
+Needs PostgreSQL on 127.0.0.1:5432 and /usr/bin/chromium. It uses a database of its own
+(`BENCH_DATABASE_URL`, default `ar_bench_long`), migrates it and adds its runs there.
+
+Each run is built through the real engine in-process: the shared workload's agent
+(bench/agent.py), one read call per step, step n + 1 answers; so a 10,000-step run
+is n = 9,999 (AGENTRUN_MAX_STEPS allows 10,000). A few steps get a retry with a
+backoff and a wait event written like the engine writes them, so the strip, the
+chart and the search have something to find.
+
+Then, median of REPEAT requests each, server side through Django's test client:
+the run page, a step's deep link, the htmx search (several filters) and
+`GET /api/runs/{id}` (first page, a late page); and in headless Chromium, against a
+`runserver` of this checkout (and of `--compare`'s, the same database): the time from
+navigation to idle (load, and every request the page makes by itself answered) and
+the HTML bytes. Figures are reported, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/ar_bench_long")
+
+from bench import env  # noqa: E402
+
+REPEAT = 5
+PASSWORD = "bench-long"
+SEARCHES = {
+    "text in one result": {"q": "{late_result}"},
+    "text in thoughts (common)": {"q": "step 99"},
+    "tool": {"tool": "workload_step"},
+    "attempts > 1": {"retried": "1"},
+    "waited": {"waits": "1"},
+    "status + phase": {"status": "succeeded", "phase": "done"},
+}
+
+
+def build(variant: str, n: int) -> Any:
+    from django.conf import settings
+
+    from agentrun import services
+    from bench.measure import engine_steps
+
+    settings.AGENTRUN_ENQUEUE = False
+    run = services.start_run("workload", {"variant": variant, "n": n})
+    started = time.perf_counter()
+    engine_steps(run.pk, 1, n + 1, time.monotonic() + 3600)
+    built = time.perf_counter() - started
+    run.refresh_from_db()
+    assert run.status == "succeeded", (run.status, run.error)
+    _add_backoffs(run, (n // 3, 2 * n // 3))
+    return run, built
+
+
+def _add_backoffs(run: Any, numbers: tuple[int, ...]) -> None:
+    """What a transient tool error leaves: a second attempt, a retry_scheduled event, and
+    the step's wall time stretched by the backoff."""
+    from datetime import timedelta
+
+    from agentrun.events import record_event
+    from agentrun.models import Step
+
+    for k in numbers:
+        step = Step.objects.get(run=run, number=k)
+        Step.objects.filter(pk=step.pk).update(
+            attempts=2, finished_at=step.finished_at + timedelta(seconds=4.0)
+        )
+        record_event(
+            "retry_scheduled",
+            run=run,
+            step=k,
+            payload={"backoff_s": 4.0, "error": "TransientToolError: bench", "attempt": 1},
+        )
+
+
+def median_ms(fn: Any, repeat: int = REPEAT) -> tuple[float, Any]:
+    times, out = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times), out
+
+
+def server_side(run: Any, n_steps: int) -> dict[str, Any]:
+    from django.conf import settings
+    from django.test import Client
+
+    from debugger.search import matching_steps
+
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
+    client = Client()
+    client.login(username="bench-long", password=PASSWORD)
+    hx = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "run-live"}
+    out: dict[str, Any] = {}
+    client.get(f"/runs/{run.pk}/")  # templates compiled, connection warm
+    ms, page = median_ms(lambda: client.get(f"/runs/{run.pk}/"))
+    out["run page"] = {"ms": ms, "bytes": len(page.content), "status": page.status_code}
+    mid = n_steps // 2
+    ms, page = median_ms(lambda: client.get(f"/runs/{run.pk}/steps/{mid}/"))
+    out[f"deep link (step {mid})"] = {"ms": ms, "bytes": len(page.content)}
+    ms, page = median_ms(lambda: client.get(f"/runs/{run.pk}/?after={mid}", HTTP_HX_REQUEST="true"))
+    out["list page (100 rows)"] = {"ms": ms, "bytes": len(page.content)}
+    late_text = f"call_{n_steps - 7}"  # in one step's result only (its thought is "step k")
+    out["search"] = {}
+    for name, query in SEARCHES.items():
+        query = {k: v.replace("{late_result}", late_text) for k, v in query.items()}
+        args = {k: (v == "1" if k in ("retried", "waits") else v) for k, v in query.items()}
+        ms_q, found = median_ms(lambda args=args: matching_steps(run, **args))
+        ms_p, page = median_ms(lambda query=query: client.get(f"/runs/{run.pk}/", query, **hx))
+        out["search"][name] = {
+            "query ms": ms_q,
+            "htmx response ms": ms_p,
+            "matches": len(found),
+            "bytes": len(page.content),
+        }
+    for label, url in (
+        ("first page (200 steps)", f"/api/runs/{run.pk}"),
+        ("late page (200 steps)", f"/api/runs/{run.pk}?steps_offset={n_steps - 200}"),
+        ("1,000 steps", f"/api/runs/{run.pk}?steps_limit=1000"),
+    ):
+        ms, resp = median_ms(lambda url=url: client.get(url))
+        out[f"API {label}"] = {"ms": ms, "bytes": len(resp.content), "status": resp.status_code}
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(checkout: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(checkout / "manage.py"),
+            "runserver",
+            f"127.0.0.1:{port}",
+            "--noreload",
+            "--insecure",
+        ],
+        cwd=checkout,
+        env={**os.environ, "DEBUG": "0", "PYTHONPATH": str(checkout)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"runserver of {checkout} did not start")
+
+
+IDLE = """() => {
+  const nav = performance.getEntriesByType('navigation')[0];
+  const ends = performance.getEntriesByType('resource').map(r => r.responseEnd);
+  return {load: nav.loadEventEnd, idle: Math.max(nav.loadEventEnd, ...ends),
+          html: nav.transferSize, decoded: nav.decodedBodySize,
+          elements: document.getElementsByTagName('*').length};
+}"""
+
+
+def browser_side(url: str, run: Any, n_steps: int) -> dict[str, Any]:
+    from playwright.sync_api import sync_playwright
+
+    out: dict[str, Any] = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"]
+        )
+        page = browser.new_page(viewport={"width": 1440, "height": 900})
+        page.set_default_timeout(120_000)
+        page.goto(f"{url}/login/")
+        page.fill("input[name=username]", "bench-long")
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_load_state("networkidle")
+        for label, path in (
+            ("run page", f"/runs/{run.pk}/"),
+            (f"deep link (step {n_steps // 2})", f"/runs/{run.pk}/steps/{n_steps // 2}/"),
+        ):
+            figures = []
+            for _ in range(3):
+                page.goto(f"{url}{path}", wait_until="load")
+                page.wait_for_load_state("networkidle")
+                figures.append(page.evaluate(IDLE))
+            best = min(figures, key=lambda f: f["idle"])
+            out[label] = {
+                "load ms": round(best["load"]),
+                "idle ms": round(best["idle"]),
+                "html bytes": best["decoded"],
+                "elements": best["elements"],
+            }
+        browser.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", default="flat")
+    parser.add_argument("--steps", type=int, default=10_000, help="steps of the flat run")
+    parser.add_argument("--grow-steps", type=int, default=2_000, help="steps of the grow run")
+    parser.add_argument("--compare", type=Path, help="another checkout (e.g. /work/main)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "long_run.json")
+    args = parser.parse_args()
+
+    env.setup()
+    from agentrun.roles import create_user
+
+    create_user("bench-long", "viewer", PASSWORD)
+    results: dict[str, Any] = {"server": env.server_settings()}
+    for variant in args.variants.split(","):
+        steps = args.steps if variant == "flat" else args.grow_steps
+        run, built = build(variant, steps - 1)
+        label = f"{variant}, {steps:,} steps"
+        print(f"== {label}: built through the engine in {built:.0f} s ({run.pk})", flush=True)
+        row: dict[str, Any] = {"run": str(run.pk), "build s": round(built, 1)}
+        row["server"] = server_side(run, steps)
+        from django.db import connection
+
+        connection.close()
+        for name, checkout in (("this", ROOT), ("compare", args.compare)):
+            if checkout is None:
+                continue
+            proc, url = serve(checkout)
+            try:
+                row[f"browser ({name}: {checkout})"] = browser_side(url, run, steps)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+        results[label] = row
+        print(json.dumps(row, indent=2, default=str), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str))
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The run page of a long run: a binned strip, a windowed step list, a bounded page."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from agentrun.models import Run
+from debugger import timeline
+from tests.debugger import runs
+from tests.debugger.conftest import HX
+from tests.debugger.long_runs import long_run
+
+pytestmark = pytest.mark.django_db
+
+STEPS = 3000
+
+
+def rows_in(html: str) -> list[int]:
+    return [int(n) for n in re.findall(r'data-n="(\d+)" class="row', html)]
+
+
+def test_the_page_of_a_3000_step_run_stays_under_200_kb(client_for, people):
+    run = long_run(people["operator"], STEPS)
+    response = client_for("viewer").get(f"/runs/{run.pk}/")
+    html = response.content.decode()
+    assert len(response.content) < 200_000
+    cells = re.findall(r'data-lo="(\d+)" data-hi="(\d+)" class="cell bin', html)
+    assert 0 < len(cells) <= timeline.MAX_CELLS
+    # The cells cover every step once, in order.
+    assert int(cells[0][0]) == 1 and int(cells[-1][1]) == STEPS
+    assert all(int(b[0]) == int(a[1]) + 1 for a, b in zip(cells, cells[1:], strict=False))
+    listed = rows_in(html)
+    assert len(listed) == timeline.LIST_PAGE and STEPS in listed  # opens on the last step
+    assert response.context["selected"] == STEPS
+    assert "later steps" not in html and "earlier steps" in html
+    assert html.count("M") < 20_000  # the charts are binned too
+
+
+def test_a_deep_link_into_the_middle_shows_the_rows_around_it(client_for, people):
+    run = long_run(people["operator"], STEPS)
+    html = client_for("viewer").get(f"/runs/{run.pk}/steps/1500/").content.decode()
+    listed = rows_in(html)
+    assert 1500 in listed and listed == list(range(listed[0], listed[0] + len(listed)))
+    assert listed[0] < 1500 < listed[-1]
+    assert f'href="/runs/{run.pk}/steps/1499/"' in html and 'rel="next"' in html
+    assert re.search(r'data-lo="(\d+)" data-hi="(\d+)" class="cell bin [^"]*sel', html)
+    more = re.findall(r'hx-get="(/runs/[^"]+\?(?:before|after)=\d+)"', html)
+    assert len(more) == 2
+
+
+def test_the_list_loads_the_next_and_previous_pages_and_a_window_around_a_step(client_for, people):
+    run = long_run(people["operator"], STEPS)
+    client = client_for("viewer")
+    after = client.get(f"/runs/{run.pk}/?after=1000", **HX).content.decode()
+    assert rows_in(after) == list(range(1001, 1001 + timeline.LIST_PAGE))
+    assert f"after={1000 + timeline.LIST_PAGE}" in after
+    before = client.get(f"/runs/{run.pk}/?before=1000", **HX).content.decode()
+    assert rows_in(before) == list(range(1000 - timeline.LIST_PAGE, 1000))
+    assert f"before={1000 - timeline.LIST_PAGE}" in before
+    around = client.get(f"/runs/{run.pk}/?around=2222", **HX).content.decode()
+    assert around.lstrip().startswith('<aside id="step-list"') and 2222 in rows_in(around)
+    last = client.get(f"/runs/{run.pk}/?after={STEPS - 10}", **HX).content.decode()
+    assert rows_in(last) == list(range(STEPS - 9, STEPS + 1)) and "after=" not in last
+
+
+@pytest.mark.parametrize("query", ["after=x", "before=-3", "around=99999999999"])
+def test_a_bad_list_position_is_a_400(client_for, people, query):
+    run = runs.walkthrough_run(people["operator"])
+    response = client_for("viewer").get(f"/runs/{run.pk}/?{query}", **HX)
+    assert response.status_code == 400
+
+
+def test_a_short_run_keeps_one_cell_per_step_and_lists_every_step(client_for, people):
+    run = long_run(people["operator"], 120)
+    html = client_for("viewer").get(f"/runs/{run.pk}/").content.decode()
+    assert len(re.findall(r'data-n="\d+" class="cell ', html)) == 120
+    assert rows_in(html) == list(range(1, 121))
+    assert "earlier steps" not in html
+
+
+def test_the_legend_lists_waiting_once(client_for, people):
+    for run in (runs.walkthrough_run(people["operator"]), long_run(people["operator"], 500)):
+        html = client_for("viewer").get(f"/runs/{run.pk}/").content.decode()
+        legend = re.search(r'<ul class="legend".*?</ul>', html, re.S).group(0)
+        labels = re.findall(r"</span>([^<]+)</li>", legend)
+        assert labels.count("waiting") == 1 and "failed" in labels, labels
+
+
+def test_a_long_strip_colours_each_cell_by_its_worst_step(client_for, people):
+    run = long_run(people["operator"], 1000, retried=(333,), backoff={777: 7.5})
+    html = client_for("viewer").get(f"/runs/{run.pk}/").content.decode()
+    cells = dict(re.findall(r'data-lo="(\d+)" data-hi="\d+" class="cell bin ([\w-]+)', html))
+    size = -(-1000 // timeline.MAX_CELLS)
+    assert cells[str(333 - (333 - 1) % size)] == "k-retried"
+    assert cells[str(777 - (777 - 1) % size)] == "k-retried"
+    assert cells[str(1000 - (1000 - 1) % size)] == "k-answer"
+    assert cells["1"] == "k-read"
+    assert cells[str(11 - (11 - 1) % size)] in ("k-write", "k-read")
+    assert "k-write" in cells.values()
+
+
+# --- where the page opens -------------------------------------------------------------
+
+
+def test_a_run_opens_on_its_first_failed_step(client_for, people):
+    run = long_run(people["operator"], 600, failed=450, retried=(100,))
+    response = client_for("viewer").get(f"/runs/{run.pk}/")
+    assert response.context["selected"] == 450
+    assert 450 in rows_in(response.content.decode())
+
+
+def test_a_run_without_failures_opens_on_its_first_retried_step(client_for, people):
+    run = long_run(people["operator"], 600, retried=(120, 300))
+    response = client_for("viewer").get(f"/runs/{run.pk}/")
+    assert response.context["selected"] == 120
+    assert 'data-step="120"' in response.content.decode()
+
+
+def test_a_plain_run_opens_on_its_last_step(client_for, people):
+    run = runs.walkthrough_run(people["operator"])
+    assert client_for("viewer").get(f"/runs/{run.pk}/").context["selected"] == 8
+
+
+def test_a_fork_opens_on_its_first_step_that_diverged_from_its_parent(client_for, people):
+    from agentrun import services
+    from tests.base import drive
+
+    parent = runs.walkthrough_run(people["operator"])
+    fork = services.fork_run(
+        parent, step=3, at="pre", state=None, mode="sandbox", reason="", user=people["operator"]
+    )
+    drive(fork)
+    # Sandbox mode skips the write at step 3: its state differs from there on.
+    expected = timeline.first_divergence(Run.objects.get(pk=fork.pk))
+    assert expected is not None and expected >= 3
+    response = client_for("viewer").get(f"/runs/{fork.pk}/")
+    assert response.context["selected"] == expected
+    Run.objects.filter(pk=fork.pk).update(divergence_step=5)  # the engine's record wins
+    assert client_for("viewer").get(f"/runs/{fork.pk}/").context["selected"] == 5
+
+
+def test_a_deep_link_still_opens_its_own_step(client_for, people):
+    run = long_run(people["operator"], 300, failed=200)
+    assert client_for("viewer").get(f"/runs/{run.pk}/steps/20/").context["selected"] == 20
+
+
+# --- the duration chart -----------------------------------------------------------------
+
+
+def test_a_step_that_backed_off_is_drawn_with_its_backoff(client_for, people):
+    run = long_run(people["operator"], 40, backoff={7: 7.5})
+    html = client_for("viewer").get(f"/runs/{run.pk}/").content.decode()
+    assert 'class="bar-backoff"' in html
+    chart = client_for("viewer").get(f"/runs/{run.pk}/").context["duration_chart"]
+    assert chart.max_value >= 7500  # 7.5 s of backoff, not the step's few ms of work
+    assert "backoff" in html and "waits" in html
