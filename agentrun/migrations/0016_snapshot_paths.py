@@ -1,0 +1,15 @@
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("agentrun", "0010_step_crashes"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="snapshot",
+            name="paths",
+            field=models.TextField(blank=True, null=True),
+        ),
+    ]

@@ -1,0 +1,467 @@
+"""Watch one value of a run's state: every step that changed it, with before and after.
+
+An incident often starts with one value ("when did the agent's copy of the cart
+change?"). Snapshots are stored as deltas, so the steps that changed a path are
+found by reading deltas, not by rebuilding every state:
+
+- each snapshot records the paths its change touched (`touched_paths`, in
+  `Snapshot.paths`, cut to `INDEX_DEPTH` keys), so the database hands back only the
+  snapshots that may have changed the watched path (REF snapshots never do);
+- of those, only the ops that can reach the path are applied, to a working copy
+  that is right along the path (and may be stale elsewhere);
+- a fork's history goes on into its parent before the fork point (inherited).
+
+Paths: a JSON pointer (`/memory/notes/cart`) or a dotted path (`memory.notes.cart`,
+`messages.3.content`, `messages[3]`, `notes["a b"]`). A number is a list index, or
+the key with those digits in an object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Q
+
+from agentrun import delta
+from agentrun.models import Run, Snapshot, SnapshotKind
+
+__all__ = [
+    "MAX_PATH_CHARS",
+    "MISSING",
+    "Change",
+    "History",
+    "PathSyntaxError",
+    "format_path",
+    "history",
+    "parse_path",
+    "pointer",
+    "touched_paths",
+]
+
+MAX_PATH_CHARS = 1000
+MAX_PATH_DEPTH = 64
+#: Keys of an op's path kept in the index; deeper changes are recorded at this depth.
+INDEX_DEPTH = 4
+#: Forks of forks followed into their parents at most (a fork's read crosses at most 16).
+MAX_HOPS = 32
+
+Path = tuple[str | int, ...]
+
+
+class _Missing:
+    """No value at the path (the key or index does not exist)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING: Any = _Missing()
+
+
+class PathSyntaxError(ValueError):
+    """The text is not a path; the message says where."""
+
+
+# --- paths ---------------------------------------------------------------------
+
+_INDEX = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BARE = re.compile(r"[^.\[\]\"'\s]+")
+_BRACKET = re.compile(r"\[\s*(?:(-?[0-9]+)|(\"(?:[^\"\\]|\\.)*\")|'((?:[^'\\]|\\.)*)')\s*\]")
+
+
+def parse_path(text: Any) -> Path:
+    """The path named by `text`; PathSyntaxError when it is not one."""
+    if not isinstance(text, str):
+        raise PathSyntaxError("the path must be text")
+    if len(text) > MAX_PATH_CHARS:
+        raise PathSyntaxError(
+            f"the path is {len(text):,} characters long; at most {MAX_PATH_CHARS:,}"
+        )
+    if "\x00" in text:
+        raise PathSyntaxError("the path holds a NUL character")
+    text = text.strip()
+    if not text or text in ("$", "/"):
+        raise PathSyntaxError(
+            "give the path of a value inside the state, e.g. memory.notes.cart or /memory/notes/cart"
+        )
+    path = _parse_pointer(text) if text.startswith("/") else _parse_dotted(text)
+    if len(path) > MAX_PATH_DEPTH:
+        raise PathSyntaxError(f"the path is {len(path)} keys deep; at most {MAX_PATH_DEPTH}")
+    return path
+
+
+def _number_or_key(token: str) -> str | int:
+    return int(token) if _INDEX.fullmatch(token) and not token.startswith("-") else token
+
+
+def _parse_pointer(text: str) -> Path:
+    out: list[str | int] = []
+    for raw in text[1:].split("/"):
+        if re.search(r"~[^01]|~$", raw):
+            raise PathSyntaxError(f"bad escape in {raw!r}: in a JSON pointer ~ is written ~0, / ~1")
+        out.append(_number_or_key(raw.replace("~1", "/").replace("~0", "~")))
+    return tuple(out)
+
+
+def _parse_dotted(text: str) -> Path:
+    out: list[str | int] = []
+    pos = 0
+    if text.startswith("$"):
+        pos = 1
+        if len(text) > 1 and text[1] not in ".[":
+            raise PathSyntaxError(f"bad path at {text[:20]!r}")
+    need_key = pos == 0  # at the start a bare key needs no dot
+    while pos < len(text):
+        ch = text[pos]
+        if ch == "[":
+            m = _BRACKET.match(text, pos)
+            if not m:
+                raise PathSyntaxError(
+                    f"bad path at {text[pos : pos + 20]!r}: a bracket holds an index or a quoted key"
+                )
+            number, dquoted, squoted = m.groups()
+            if number is not None:
+                out.append(int(number))
+            elif dquoted is not None:
+                try:
+                    out.append(json.loads(dquoted))
+                except ValueError:
+                    raise PathSyntaxError(f"bad quoted key {dquoted[:20]!r}") from None
+            else:
+                out.append(re.sub(r"\\(.)", r"\1", squoted))
+            pos = m.end()
+            need_key = False
+            continue
+        if ch == ".":
+            pos += 1
+        elif not need_key:
+            raise PathSyntaxError(f"bad path at {text[pos : pos + 20]!r}: expected . or [")
+        m = _BARE.match(text, pos)
+        if not m:
+            raise PathSyntaxError(f"bad path at {text[pos : pos + 20]!r}: expected a key")
+        out.append(_number_or_key(m.group(0)))
+        pos = m.end()
+        need_key = False
+    if not out:
+        raise PathSyntaxError("give the path of a value inside the state")
+    return tuple(out)
+
+
+def format_path(path: Sequence[str | int]) -> str:
+    """memory.notes.cart, messages[3].content, notes["a b"]: the dotted form of a path."""
+    out = ""
+    for step in path:
+        if isinstance(step, int):
+            out += f"[{step}]"
+        elif _IDENT.fullmatch(step):
+            out += f".{step}" if out else step
+        else:
+            out += "[" + json.dumps(step, ensure_ascii=False) + "]"
+    return out
+
+
+def pointer(path: Sequence[str | int]) -> str:
+    """The JSON pointer of a path (/memory/notes/cart)."""
+    return "".join("/" + str(s).replace("~", "~0").replace("/", "~1") for s in path)
+
+
+def resolve(value: Any, path: Sequence[str | int]) -> Any:
+    """The value at path, or MISSING. A number is an index in a list, a key in an object."""
+    for step in path:
+        if type(value) is dict:
+            key = step if type(step) is str else str(step)
+            if key not in value:
+                return MISSING
+            value = value[key]
+        elif type(value) is list and type(step) is int and -len(value) <= step < len(value):
+            value = value[step]
+        else:
+            return MISSING
+    return value
+
+
+# --- the index of touched paths ------------------------------------------------------
+
+
+def _token(step: Any) -> str:
+    # List indexes shift, and a number in a watched path may be a key or an index:
+    # every number (and every all-digit key) is the same token.
+    if type(step) is int or (type(step) is str and _INDEX.fullmatch(step)):
+        return "#"
+    return str(step).replace("~", "~0").replace("/", "~1").replace("\n", "~2")
+
+
+def _line(path: Iterable[Any]) -> str:
+    return "$" + "".join("/" + _token(s) for s in path)
+
+
+def touched_paths(ops: Iterable[Any]) -> str:
+    """Snapshot.paths for a change made of `ops`: one line per touched path (cut at
+    INDEX_DEPTH keys), framed by newlines so a path matches as a whole line."""
+    lines = {_line(op[1][:INDEX_DEPTH]) for op in ops}
+    return "\n" + "\n".join(sorted(lines)) + "\n"
+
+
+def _may_touch(path: Path) -> Q:
+    """Snapshots whose recorded paths may reach `path` (or that recorded none)."""
+    norm = path[:INDEX_DEPTH]
+    q = Q(paths__isnull=True)
+    for k in range(len(norm) + 1):
+        q |= Q(paths__contains="\n" + _line(norm[:k]) + "\n")
+    if len(path) < INDEX_DEPTH:
+        q |= Q(paths__contains="\n" + _line(norm) + "/")
+    return q
+
+
+def _reaches(op_path: Sequence[Any], path: Path) -> bool:
+    """Whether an op at op_path can change the value at path, now or once lists shift.
+
+    An op on another item of a list on the way is applied too: a later splice can
+    move that item to the watched index.
+    """
+    for q, p in zip(op_path, path, strict=False):
+        if type(p) is int:
+            if type(q) is int:
+                continue
+            if q != str(p):
+                return False
+        elif q != p:
+            return False
+    return True
+
+
+def _relation(op: list, path: Path) -> str:
+    """How an op reaching path touched it: set, del, ancestor-splice, ancestor, inside, sibling."""
+    op_path = op[1]
+    for q, p in zip(op_path, path, strict=False):
+        if type(q) is int and type(p) is int and q != p:
+            return "sibling"
+    if op[0] == "splice":
+        return "splice" if len(op_path) < len(path) else "inside"
+    if len(op_path) == len(path):
+        return op[0]
+    return "ancestor" if len(op_path) < len(path) else "inside"
+
+
+# --- the history -----------------------------------------------------------------------
+
+
+@dataclass
+class Change:
+    """One snapshot at which the watched value differs from the snapshot before it."""
+
+    run_id: Any
+    step: int
+    at: str  # "post": the step's own change; "pre": an edit before the step (a fork)
+    seq: int
+    kind: str  # added | removed | set | moved
+    how: str  # what touched it, in words
+    before: Any
+    after: Any
+    inherited: bool = False  # a parent's change, before the fork point
+
+    @property
+    def before_exists(self) -> bool:
+        return self.before is not MISSING
+
+    @property
+    def after_exists(self) -> bool:
+        return self.after is not MISSING
+
+
+@dataclass
+class Start:
+    """Where the watched history begins: the first snapshot of the oldest run in the chain."""
+
+    run_id: Any
+    step: int
+    at: str
+    value: Any
+
+    @property
+    def exists(self) -> bool:
+        return self.value is not MISSING
+
+
+@dataclass
+class History:
+    run: Run
+    path: Path
+    start: Start
+    changes: list[Change] = field(default_factory=list)
+    current: Any = MISSING
+    snapshots_read: int = 0  # snapshots whose data was read (deltas and keyframes)
+
+    @property
+    def display(self) -> str:
+        return format_path(self.path)
+
+    @property
+    def ever_existed(self) -> bool:
+        return self.start.exists or any(c.after_exists for c in self.changes)
+
+    @property
+    def exists_now(self) -> bool:
+        return self.current is not MISSING
+
+    def own(self) -> list[Change]:
+        return [c for c in self.changes if not c.inherited]
+
+    def around(self, step: int) -> tuple[Change | None, Change | None, Change | None]:
+        """(the last change before step, the change at step, the first change after it)."""
+        before = at = after = None
+        for c in self.changes:
+            if c.step < step:
+                before = c
+            elif c.step == step and at is None and not c.inherited:
+                at = c
+            elif c.step > step and after is None and not c.inherited:
+                after = c
+        return before, at, after
+
+
+def history(run: Run, path: Path, upto: tuple[int, str] | None = None) -> History:
+    """Every change of the value at `path` in `run` (and, for a fork, in its parents
+    before the fork point), oldest first. `upto`: stop at that (step, at) snapshot."""
+    upto_seq = Snapshot.seq_for(*upto) if upto else None
+    scan = _Scan(path)
+    state, start = scan.run(run, upto_seq, hops=0)
+    return History(
+        run=run,
+        path=path,
+        start=start,
+        changes=scan.changes,
+        current=resolve(state, path),
+        snapshots_read=scan.read,
+    )
+
+
+_FIELDS = ("seq", "step", "at", "kind", "data", "paths")
+
+
+class _Scan:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.changes: list[Change] = []
+        self.read = 0
+
+    def run(self, run: Run, upto_seq: int | None, hops: int) -> tuple[Any, Start]:
+        """Scan `run` up to upto_seq; return the working state there and the start."""
+        inherited = hops > 0
+        first = (
+            Snapshot.objects.filter(run_id=run.pk).order_by("seq").values_list(*_FIELDS).first()
+        )
+        if first is None:
+            return {}, Start(run.pk, run.first_step, "pre", MISSING)
+        seq, step, at, kind, data, _ = first
+        self.read += 1
+        parent = _parent_of(run) if hops < MAX_HOPS else None
+        if parent is not None and kind in (SnapshotKind.FORK, SnapshotKind.FULL):
+            parent_run, source_seq = parent
+            state, start = self.run(parent_run, source_seq, hops + 1)
+            before = resolve(state, self.path)
+            if kind == SnapshotKind.FORK:
+                ops = [op for op in data or () if _reaches(op[1], self.path)]
+                state = delta.patch(state, ops) if ops else state
+                how = self._how(ops, edit=True)
+            else:
+                state, how = data, "state edited when forked"
+            self._record(run.pk, step, at, seq, before, state, how, inherited)
+        elif kind == SnapshotKind.FORK:  # a fork whose parent is gone: nothing to start from
+            state, start = {}, Start(run.pk, step, at, MISSING)
+        else:
+            state = data if kind == SnapshotKind.FULL else {}
+            start = Start(run.pk, step, at, resolve(state, self.path))
+        rows = (
+            Snapshot.objects.filter(run_id=run.pk, seq__gt=seq)
+            .exclude(kind=SnapshotKind.REF)
+            .filter(_may_touch(self.path))
+        )
+        if upto_seq is not None:
+            rows = rows.filter(seq__lte=upto_seq)
+        for seq, step, at, kind, data, paths in rows.order_by("seq").values_list(*_FIELDS):
+            self.read += 1
+            if kind == SnapshotKind.DELTA:
+                ops = [op for op in data if _reaches(op[1], self.path)]
+                if not ops:
+                    continue
+                before = resolve(state, self.path)
+                state = delta.patch(state, ops)
+                how = self._how(ops, edit=at == "pre")
+            elif kind == SnapshotKind.FULL:
+                before, state = resolve(state, self.path), data
+                how = self._how_from_index(paths)
+            else:
+                continue
+            self._record(run.pk, step, at, seq, before, state, how, inherited)
+        return state, start
+
+    def _record(
+        self,
+        run_id: Any,
+        step: int,
+        at: str,
+        seq: int,
+        before: Any,
+        state: Any,
+        how: tuple[str, str],
+        inherited: bool,
+    ) -> None:
+        after = resolve(state, self.path)
+        if before is MISSING and after is MISSING:
+            return
+        if before is not MISSING and after is not MISSING and delta._eq(before, after):
+            return
+        if before is MISSING:
+            kind = "added"
+        elif after is MISSING:
+            kind = "removed"
+        else:
+            kind = how[0]
+        self.changes.append(Change(run_id, step, at, seq, kind, how[1], before, after, inherited))
+
+    def _how(self, ops: list, *, edit: bool) -> tuple[str, str]:
+        """(kind for a value that changed, words) from the ops that reached the path."""
+        words: list[str] = []
+        moved = False
+        for op in ops:
+            rel = _relation(op, self.path)
+            where = format_path(op[1]) or "the whole state"
+            if rel == "set":
+                words.append("set")
+            elif rel == "del":
+                words.append("deleted")
+            elif rel == "splice":
+                moved = True
+                words.append(f"list {where} spliced")
+            elif rel == "ancestor":
+                words.append(f"{where} {'replaced' if op[0] == 'set' else 'deleted'}")
+            elif rel == "inside":
+                words.append(f"changed inside ({format_path(op[1])})")
+        words = list(dict.fromkeys(words))
+        if edit:
+            words.insert(0, "edited before the step")
+        kind = "moved" if moved and not any(w == "set" for w in words) else "set"
+        text = "; ".join(words[:4]) + (f" (+{len(words) - 4} more)" if len(words) > 4 else "")
+        return kind, text or "changed"
+
+    def _how_from_index(self, paths: str | None) -> tuple[str, str]:
+        return "set", "changed (the step's snapshot is a keyframe)"
+
+
+def _parent_of(run: Run) -> tuple[Run, int] | None:
+    if not run.parent_id or not run.forked_from_id:
+        return None
+    source = Snapshot.objects.filter(pk=run.forked_from_id).values_list("seq", flat=True).first()
+    parent = Run.objects.filter(pk=run.parent_id).first()
+    if source is None or parent is None:
+        return None
+    return parent, source
