@@ -300,8 +300,8 @@ class Snapshot(models.Model):
     phase = models.CharField(max_length=16, blank=True)
     outcome = models.CharField(max_length=16, blank=True)
     # The paths this snapshot's change touched (agentrun.watch.touched_paths), so watching a
-    # value reads only the snapshots that may have changed it; NULL: not recorded (older rows).
-    paths = models.TextField(null=True, blank=True)
+    # value reads only the snapshots that may have changed it; "": not recorded (older rows).
+    paths = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

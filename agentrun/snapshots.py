@@ -28,8 +28,8 @@ from typing import Any
 from django.db.models import DEFERRED
 
 from agentrun import delta, hashing, rawsql
-from agentrun.watch import touched_paths
 from agentrun.models import Snapshot, SnapshotKind
+from agentrun.watch import touched_paths
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Encoded:
     stored_bytes: int
     chain_bytes: int
     keyframe_seq: int
-    paths: str | None = None  # Snapshot.paths: what the change touched
+    paths: str = ""  # Snapshot.paths: what the change touched
 
 
 def _json_bytes(value: Any) -> int:

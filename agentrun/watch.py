@@ -211,9 +211,9 @@ def touched_paths(ops: Iterable[Any]) -> str:
 
 
 def _may_touch(path: Path) -> Q:
-    """Snapshots whose recorded paths may reach `path` (or that recorded none)."""
+    """Snapshots whose recorded paths may reach `path` (or that recorded none: "")."""
     norm = path[:INDEX_DEPTH]
-    q = Q(paths__isnull=True)
+    q = Q(paths="")
     for k in range(len(norm) + 1):
         q |= Q(paths__contains="\n" + _line(norm[:k]) + "\n")
     if len(path) < INDEX_DEPTH:
@@ -249,6 +249,13 @@ def _relation(op: list, path: Path) -> str:
     if len(op_path) == len(path):
         return op[0]
     return "ancestor" if len(op_path) < len(path) else "inside"
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two values at a path are the same (JSON types included; MISSING too)."""
+    if a is MISSING or b is MISSING:
+        return a is b
+    return delta._eq(a, b)
 
 
 # --- the history -----------------------------------------------------------------------
@@ -356,9 +363,7 @@ class _Scan:
     def run(self, run: Run, upto_seq: int | None, hops: int) -> tuple[Any, Start]:
         """Scan `run` up to upto_seq; return the working state there and the start."""
         inherited = hops > 0
-        first = (
-            Snapshot.objects.filter(run_id=run.pk).order_by("seq").values_list(*_FIELDS).first()
-        )
+        first = Snapshot.objects.filter(run_id=run.pk).order_by("seq").values_list(*_FIELDS).first()
         if first is None:
             return {}, Start(run.pk, run.first_step, "pre", MISSING)
         seq, step, at, kind, data, _ = first
@@ -416,9 +421,7 @@ class _Scan:
         inherited: bool,
     ) -> None:
         after = resolve(state, self.path)
-        if before is MISSING and after is MISSING:
-            return
-        if before is not MISSING and after is not MISSING and delta._eq(before, after):
+        if same(before, after):
             return
         if before is MISSING:
             kind = "added"
@@ -465,3 +468,92 @@ def _parent_of(run: Run) -> tuple[Run, int] | None:
     if source is None or parent is None:
         return None
     return parent, source
+
+
+# --- what the pages and the API show beside a change --------------------------------------
+
+#: A value bigger than this (as compact JSON) is left out of the API's answer.
+MAX_VALUE_BYTES = 64 * 1024
+
+
+def value_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str))
+
+
+def step_details(changes: Iterable[Change]) -> dict[tuple[str, int], dict[str, Any]]:
+    """{(run id, step): {"decision", "tool_calls"}} for the steps of `changes`, in two queries."""
+    from agentrun.models import Step, ToolCall
+
+    wanted: dict[str, set[int]] = {}
+    for c in changes:
+        wanted.setdefault(str(c.run_id), set()).add(c.step)
+    if not wanted:
+        return {}
+    which = Q()
+    for run_id, numbers in wanted.items():
+        which |= Q(run_id=run_id, number__in=numbers)
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    steps = Step.objects.filter(which).values_list("pk", "run_id", "number", "decision")
+    by_pk: dict[Any, dict[str, Any]] = {}
+    for pk, run_id, number, decision in steps:
+        d = decision or {}
+        entry = {
+            "decision": None
+            if decision is None
+            else {
+                "thought": str(d.get("thought") or ""),
+                "rationale": str(d.get("rationale") or ""),
+                "calls": [
+                    {"tool": c.get("tool"), "args": c.get("args") or {}}
+                    for c in d.get("calls") or ()
+                    if isinstance(c, dict)
+                ],
+                "final": d.get("final"),
+            },
+            "tool_calls": [],
+        }
+        out[(str(run_id), number)] = by_pk[pk] = entry
+    calls = (
+        ToolCall.objects.filter(step_id__in=by_pk)
+        .order_by("step_id", "index")
+        .values_list("step_id", "index", "tool", "kind", "status")
+    )
+    for step_id, index, tool, kind, status in calls:
+        by_pk[step_id]["tool_calls"].append(
+            {"index": index, "tool": tool, "kind": kind, "status": status}
+        )
+    return out
+
+
+def value_json(name: str, value: Any) -> dict[str, Any]:
+    """{name: value, "truncated": bool}: null when absent or bigger than MAX_VALUE_BYTES."""
+    if value is MISSING:
+        return {name: None, "truncated": False}
+    if value_size(value) > MAX_VALUE_BYTES:
+        return {name: None, "truncated": True}
+    return {name: value, "truncated": False}
+
+
+def change_json(c: Change, details: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """A change as the API (and `manage.py watch --json`) shows it."""
+    from django.urls import reverse
+
+    before, after = value_json("before", c.before), value_json("after", c.after)
+    detail = details.get((str(c.run_id), c.step), {})
+    return {
+        "run_id": c.run_id,
+        "inherited": c.inherited,
+        "step": c.step,
+        "at": c.at,
+        "kind": c.kind,
+        "how": c.how,
+        "before_exists": c.before_exists,
+        "before": before["before"],
+        "before_truncated": before["truncated"],
+        "after_exists": c.after_exists,
+        "after": after["after"],
+        "after_truncated": after["truncated"],
+        "decision": detail.get("decision"),
+        "tool_calls": detail.get("tool_calls", []),
+        "diff_url": reverse("debugger:step-diff", args=[c.run_id, c.step]),
+    }

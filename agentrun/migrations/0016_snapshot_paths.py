@@ -10,6 +10,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="snapshot",
             name="paths",
-            field=models.TextField(blank=True, null=True),
+            field=models.TextField(blank=True, default=""),
         ),
     ]
