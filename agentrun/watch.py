@@ -378,7 +378,8 @@ class _Scan:
                 state = delta.patch(state, ops) if ops else state
                 how = self._how(ops, edit=True)
             else:
-                state, how = data, "state edited when forked"
+                kind_, words = self._how_from_index(first[5])
+                state, how = data, (kind_, f"edited before the step; {words}")
             self._record(run.pk, step, at, seq, before, state, how, inherited)
         elif kind == SnapshotKind.FORK:  # a fork whose parent is gone: nothing to start from
             state, start = {}, Start(run.pk, step, at, MISSING)
@@ -456,8 +457,26 @@ class _Scan:
         text = "; ".join(words[:4]) + (f" (+{len(words) - 4} more)" if len(words) > 4 else "")
         return kind, text or "changed"
 
-    def _how_from_index(self, paths: str | None) -> tuple[str, str]:
-        return "set", "changed (the step's snapshot is a keyframe)"
+    def _how_from_index(self, paths: str) -> tuple[str, str]:
+        """Words for a keyframe's change: its ops are not stored, the paths they touched are."""
+        norm = [_token(s) for s in self.path[:INDEX_DEPTH]]
+        words = []
+        for line in (paths or "").split("\n"):
+            if not line.startswith("$"):
+                continue
+            tokens = [t for t in line[1:].split("/")[1:]]
+            if tokens[: len(norm)] != norm[: len(tokens)]:
+                continue
+            keys = [t.replace("~2", "\n").replace("~1", "/").replace("~0", "~") for t in tokens]
+            where = "".join(f"[{k}]" if k == "#" else f".{k}" for k in keys).lstrip(".")
+            if len(tokens) > len(norm) or (len(tokens) == len(norm) < len(self.path)):
+                words.append(f"changed inside ({where})")
+            elif len(tokens) == len(self.path):
+                words.append("set")
+            else:
+                words.append(f"{where or 'the whole state'} replaced")
+        text = "; ".join(words[:4]) + (f" (+{len(words) - 4} more)" if len(words) > 4 else "")
+        return "set", (text or "changed") + " (a keyframe)"
 
 
 def _parent_of(run: Run) -> tuple[Run, int] | None:
