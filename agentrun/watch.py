@@ -476,7 +476,7 @@ class _Scan:
             else:
                 words.append(f"{where or 'the whole state'} replaced")
         text = "; ".join(words[:4]) + (f" (+{len(words) - 4} more)" if len(words) > 4 else "")
-        return "set", (text or "changed") + " (a keyframe)"
+        return "set", text or "changed"
 
 
 def _parent_of(run: Run) -> tuple[Run, int] | None:

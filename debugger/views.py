@@ -774,6 +774,7 @@ def _compare_watch(request: HttpRequest, left: Run, right: Run) -> dict[str, Any
             # A fork's inherited change is its parent's: shown once, in the parent's column,
             # when the parent is the run compared with.
             if c.inherited and str(c.run_id) == str(left.pk) and side == "right":
+                row["right_inherited"] = True
                 continue
             row[side] = {"change": c, "value": _preview(c.after)}
     left_now, right_now = (found.current for found in sides)

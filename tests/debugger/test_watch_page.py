@@ -144,7 +144,7 @@ def test_compare_shows_the_watched_path_in_fork_and_parent_side_by_side(client_f
     rows = re.findall(r"<tr>\s*<td class=\"num\">.*?</tr>", table, re.S)
     cells = [re.findall(r"<td>(.*?)</td>", row, re.S) for row in rows]
     # step 2: the parent read the cart (the fork inherits it: shown once, in the parent's column)
-    assert "STOVE-1" in cells[0][0] and "—" in cells[0][1]
+    assert "STOVE-1" in cells[0][0] and "the same (inherited)" in cells[0][1]
     # step 3, before it ran: the fork's corrected cart; the parent did nothing there
     assert "—" in cells[1][0] and "TENT-2P" in cells[1][1] and "STOVE-1" not in cells[1][1]
     now = re.search(r'<tr class="watch-now">.*?</tr>', table, re.S).group(0)
