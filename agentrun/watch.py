@@ -196,7 +196,10 @@ def _token(step: Any) -> str:
     # every number (and every all-digit key) is the same token.
     if type(step) is int or (type(step) is str and _INDEX.fullmatch(step)):
         return "#"
-    return str(step).replace("~", "~0").replace("/", "~1").replace("\n", "~2")
+    token = str(step).replace("~", "~0").replace("/", "~1").replace("\n", "~2")
+    # A text column holds no NUL and no lone surrogate: both are written as escapes.
+    token = token.replace("\x00", "~3")
+    return token.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _line(path: Iterable[Any]) -> str:

@@ -297,3 +297,8 @@ def test_bad_paths_are_refused_with_a_reason(text, says):
     with pytest.raises(PathSyntaxError, match=None) as exc:
         parse_path(text)
     assert says in str(exc.value)
+
+
+def test_keys_a_text_column_cannot_hold_are_indexed_and_watched():
+    run = chain({"k\ud800": {"a\x00b": 1}}, {"k\ud800": {"a\x00b": 2}})
+    assert changes(run, '["k\\ud800"]["a\\u0000b"]') == [(1, "post", "set", 1, 2)]
