@@ -403,7 +403,7 @@ class _Scan:
                 if not ops:
                     continue
                 before = resolve(state, self.path)
-                state = delta.patch(state, ops)
+                state = _patch(state, ops, len(self.path))
                 how = self._how(ops, edit=at == "pre")
             elif kind == SnapshotKind.FULL:
                 before, state = resolve(state, self.path), data
@@ -480,6 +480,69 @@ class _Scan:
                 words.append(f"{where or 'the whole state'} replaced")
         text = "; ".join(words[:4]) + (f" (+{len(words) - 4} more)" if len(words) > 4 else "")
         return "set", text or "changed"
+
+
+def _patch(state: Any, ops: list, depth: int) -> Any:
+    """delta.patch, but containers above `depth` (the watched path's) are changed in place.
+
+    The working state is this scan's own (decoded from the database for it), and the
+    values it records are subtrees at the watched depth, which stay copy-on-write: a
+    container never changes depth, so none above it is ever part of a recorded value.
+    Appending to a 20,000-item list then costs the append, not a copy of the list.
+    """
+    root = [state]
+    owned: set[int] = set()
+    for op in ops:
+        name, path = op[0], op[1]
+        if name not in ("set", "del", "splice") or not isinstance(path, list):
+            raise delta.DeltaError(f"malformed op: {op!r}")
+        walk = path if name == "splice" else path[:-1]
+        if name != "splice" and not path:
+            if name == "del":
+                raise delta.DeltaError(f"cannot delete the whole value: {op!r}")
+            root[0] = op[2]
+            continue
+        parent: Any = root
+        key: Any = 0
+        node = root[0]
+        for level in range(len(walk) + 1):
+            if level >= depth and id(node) not in owned:
+                if type(node) is dict:
+                    node = dict(node)
+                elif type(node) is list:
+                    node = list(node)
+                else:
+                    raise delta.DeltaError(f"path goes through a scalar: {op!r}")
+                owned.add(id(node))
+                parent[key] = node
+            if level == len(walk):
+                break
+            step = walk[level]
+            in_dict = type(node) is dict and type(step) is str and step in node
+            in_list = type(node) is list and type(step) is int and 0 <= step < len(node)
+            if not (in_dict or in_list):
+                raise delta.DeltaError(f"{step!r} is not on the path of {op!r}")
+            parent, key, node = node, step, node[step]
+        if name == "splice":
+            start, dropped, items = op[2], op[3], op[4]
+            if type(node) is not list or not 0 <= start <= start + dropped <= len(node):
+                raise delta.DeltaError(f"splice does not fit: {op!r}")
+            node[start : start + dropped] = items
+        elif type(node) is dict and type(path[-1]) is str:
+            if name == "set":
+                node[path[-1]] = op[2]
+            elif node.pop(path[-1], _GONE) is _GONE:
+                raise delta.DeltaError(f"no such key to delete: {op!r}")
+        elif name == "set" and type(node) is list and type(path[-1]) is int:
+            if not 0 <= path[-1] < len(node):
+                raise delta.DeltaError(f"index out of range: {op!r}")
+            node[path[-1]] = op[2]
+        else:
+            raise delta.DeltaError(f"op does not fit: {op!r}")
+    return root[0]
+
+
+_GONE = object()
 
 
 def _parent_of(run: Run) -> tuple[Run, int] | None:

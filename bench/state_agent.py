@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from agentrun.agents import (
-    CallResult,
     Call,
+    CallResult,
     Decision,
     InvalidInput,
     StateAgent,
