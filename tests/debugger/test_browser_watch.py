@@ -70,6 +70,8 @@ def test_watching_the_cart_note_finds_the_stale_cart_and_the_fork_corrects_it(li
         shot(page, "71-watch-recommendation-step", full_page=False)
 
         # From the step, the watch form leads back to the value's previous and next change.
+        page.locator(".watch-from-step").scroll_into_view_if_needed()
+        shot(page, "72-watch-form-on-the-step", full_page=False)
         page.fill("#watch-from-step", "/memory/notes/cart")
         page.click(".watch-from-step button")
         page.wait_for_url("**/watch/?path=*")
@@ -80,7 +82,7 @@ def test_watching_the_cart_note_finds_the_stale_cart_and_the_fork_corrects_it(li
         page.click(".watch-form button")
         page.wait_for_selector("#watch-error")
         assert "expected a key" in page.inner_text("#watch-error")
-        shot(page, "72-watch-bad-path", full_page=False)
+        shot(page, "72-watch-bad-path-error", full_page=False)
 
         # The fix: a fork from the pre snapshot of step 3 with the cart corrected.
         state = snapshots.load(incident.pk, 3, "pre")
