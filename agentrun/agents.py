@@ -279,7 +279,8 @@ class StateAgent(Agent):
         else:
             st.to(Phase.REFLECTING)
         out = st.to_dict()
-        _TYPED.put(out, state, st)
+        if decision.final is None:  # a final answer ends the run: no next step takes it over
+            _TYPED.put(out, state, st)
         return out
 
     def observe(
@@ -308,7 +309,9 @@ class _TypedStates:
     a miss (another process, an evicted entry, an edited state) is the full rebuild.
     """
 
-    MAX = 512
+    # Entries of runs in flight in this process (the engine's state cache holds the same
+    # states); a run that stops elsewhere leaves one entry until it is pushed out.
+    MAX = 128
 
     def __init__(self) -> None:
         self._entries: OrderedDict[int, list[Any]] = OrderedDict()
