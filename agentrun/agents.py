@@ -22,10 +22,12 @@ from __future__ import annotations
 import hashlib
 import inspect
 import sys
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrun.state import AgentState, Phase
+from agentrun.state import AgentState, Phase, validate_successor
 
 
 class InvalidInput(ValueError):
@@ -206,15 +208,32 @@ class StateAgent(Agent):
         return state.to_dict()
 
     def validate_state(self, state: Any) -> None:
-        AgentState.from_dict(state)
+        base = _TYPED.base_of(state)
+        if base is None:
+            AgentState.from_dict(state)
+        else:  # a state this agent's update made: check what the step added
+            validate_successor(base, state)
+            _TYPED.checked(state)
 
     def load(self, state: dict[str, Any]) -> AgentState:
+        if _TYPED.is_checked(state):
+            return AgentState.from_valid(state)
         return AgentState.from_dict(state)
+
+    def _load_for_update(self, state: dict[str, Any]) -> AgentState:
+        """The typed state `state` was made from, taken over (no rebuild, no walk over
+        the run's history), when this process's last update made `state` and it has
+        been checked since; else `load(state)`."""
+        if type(self).load is StateAgent.load:
+            st = _TYPED.take(state)
+            if st is not None:
+                return st
+        return self.load(state)
 
     def update(
         self, state: dict[str, Any], decision: Decision, results: list[CallResult], ctx: StepContext
     ) -> dict[str, Any]:
-        st = self.load(state)
+        st = self._load_for_update(state)
         if st.phase in (Phase.IDLE, Phase.REFLECTING, Phase.WAITING):
             st.to(Phase.PLANNING)
         st.iteration = ctx.step
@@ -259,7 +278,10 @@ class StateAgent(Agent):
             st.finish(decision.final)
         else:
             st.to(Phase.REFLECTING)
-        return st.to_dict()
+        out = st.to_dict()
+        if decision.final is None:  # a final answer ends the run: no next step takes it over
+            _TYPED.put(out, state, st)
+        return out
 
     def observe(
         self, st: AgentState, decision: Decision, results: list[CallResult], ctx: StepContext
@@ -274,6 +296,64 @@ class StateAgent(Agent):
         if st.phase not in (Phase.DONE, Phase.ERROR):
             st.fail(failure.get("message") or "failed")
         return st.to_dict()
+
+
+class _TypedStates:
+    """The states this process's StateAgents' updates returned, by identity, each with the
+    typed state that made it and the (valid) state it was made from.
+
+    The engine hands a step's post state to the next step as the same object, so the
+    next update takes the typed state over instead of rebuilding it from the dict, and
+    validate_state checks only what a step added: a step costs what it changes, not
+    the size of the state. Taking an entry removes it, so a typed state is reused once;
+    a miss (another process, an evicted entry, an edited state) is the full rebuild.
+    """
+
+    # Entries of runs in flight in this process (the engine's state cache holds the same
+    # states); a run that stops elsewhere leaves one entry until it is pushed out.
+    MAX = 128
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[int, list[Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _get(self, state: Any) -> list[Any] | None:
+        entry = self._entries.get(id(state))
+        return entry if entry is not None and entry[0] is state else None
+
+    def put(self, out: dict[str, Any], base: dict[str, Any], st: AgentState) -> None:
+        with self._lock:
+            self._entries[id(out)] = [out, base, st, False]
+            self._entries.move_to_end(id(out))
+            while len(self._entries) > self.MAX:
+                self._entries.popitem(last=False)
+
+    def base_of(self, state: Any) -> dict[str, Any] | None:
+        with self._lock:
+            entry = self._get(state)
+            return None if entry is None else entry[1]
+
+    def checked(self, state: Any) -> None:
+        with self._lock:
+            entry = self._get(state)
+            if entry is not None:
+                entry[3] = True
+
+    def is_checked(self, state: Any) -> bool:
+        with self._lock:
+            entry = self._get(state)
+            return entry is not None and entry[3]
+
+    def take(self, state: Any) -> AgentState | None:
+        with self._lock:
+            entry = self._get(state)
+            if entry is None or not entry[3]:
+                return None
+            del self._entries[id(state)]
+            return entry[2]
+
+
+_TYPED = _TypedStates()
 
 
 def _as_text(value: Any) -> str:

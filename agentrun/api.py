@@ -26,7 +26,7 @@ from ninja.security import APIKeyCookie, HttpBearer
 from pydantic import StringConstraints
 
 from agentrun import api_schemas as s
-from agentrun import inflight, retention, services, snapshots
+from agentrun import inflight, retention, services, snapshots, watch
 from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput
 from agentrun.api_base import Api, ApiError
@@ -678,3 +678,57 @@ def _pin_action(request: HttpRequest, run_id: uuid.UUID, action: Any, reason: st
 )
 def get_open_api(request: HttpRequest) -> dict[str, Any]:
     return api.document()
+
+
+# --- f-watch: the history of one value -------------------------------------------------
+
+
+@api.get(
+    "/runs/{run_id}/history",
+    response={200: s.PathHistory, **_errors(400, 401, 403, 404)},
+    summary="Every step that changed one value of the state, with before and after",
+)
+def get_history(
+    request: HttpRequest,
+    run_id: RunId,
+    path: Annotated[
+        str,
+        Query(
+            min_length=1,
+            max_length=watch.MAX_PATH_CHARS,
+            pattern=TEXT_PATTERN,
+            description="A JSON pointer (`/memory/notes/cart`) or a dotted path "
+            "(`memory.notes.cart`, `history.3.content`, `history[3]`).",
+        ),
+    ],
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Changes per page.")] = (
+        DEFAULT_LIMIT
+    ),
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Changes to skip.")] = 0,
+) -> dict[str, Any]:
+    """A fork's history goes on into its parent before the fork point (`inherited`)."""
+    run = _get_run(run_id)
+    try:
+        parsed = watch.parse_path(path)
+    except watch.PathSyntaxError as exc:
+        raise ApiError(400, str(exc), field="path") from None
+    found = watch.history(run, parsed)
+    page = found.changes[offset : offset + limit]
+    details = watch.step_details(page)
+    return {
+        "run_id": run.pk,
+        "path": found.display,
+        "pointer": watch.pointer(parsed),
+        "ever_existed": found.ever_existed,
+        "exists_now": found.exists_now,
+        "start": {
+            "run_id": found.start.run_id,
+            "step": found.start.step,
+            "at": found.start.at,
+            "exists": found.start.exists,
+            **watch.value_json("value", found.start.value),
+        },
+        "count": len(found.changes),
+        "changes": [watch.change_json(c, details) for c in page],
+        "snapshots_read": found.snapshots_read,
+    }

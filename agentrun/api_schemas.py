@@ -475,3 +475,59 @@ class UnpinRequest(Request):
 # RunSummary names Pin before it is defined (above, to keep this block together).
 for _model in (RunSummary, RunDetail, RunList):
     _model.model_rebuild()
+# --- f-watch: the history of one value --------------------------------------------------
+
+
+class ValueChangeDecision(Response):
+    thought: str
+    rationale: str
+    calls: list[dict[str, Any]] = Field(description="The tool calls decided: tool and args.")
+    final: str | None
+
+
+class ValueChangeToolCall(Response):
+    index: int
+    tool: str
+    kind: str
+    status: str
+
+
+class ValueChange(Response):
+    run_id: UUID = Field(
+        description="The run whose snapshot changed it (a parent's, if inherited)."
+    )
+    inherited: bool = Field(description="A parent run's change, before the fork point.")
+    step: int
+    at: At = Field(description="post: the step's own change; pre: an edit before the step.")
+    kind: Literal["added", "removed", "set", "moved"]
+    how: str = Field(description="What touched the value: set, a spliced list, an ancestor...")
+    before_exists: bool
+    before: Any = Field(description="The value before (null if absent or truncated).")
+    before_truncated: bool = Field(description="The value is too big to include.")
+    after_exists: bool
+    after: Any = Field(description="The value after (null if absent or truncated).")
+    after_truncated: bool
+    decision: ValueChangeDecision | None
+    tool_calls: list[ValueChangeToolCall]
+    diff_url: str = Field(description="The step's diff in the debugger.")
+
+
+class ValueStart(Response):
+    run_id: UUID
+    step: int
+    at: At
+    exists: bool
+    value: Any
+    truncated: bool
+
+
+class PathHistory(Response):
+    run_id: UUID
+    path: str = Field(description="The path in dotted form (memory.notes.cart).")
+    pointer: str = Field(description="The path as a JSON pointer (/memory/notes/cart).")
+    ever_existed: bool = Field(description="False: no snapshot of the run ever had this path.")
+    exists_now: bool = Field(description="The latest snapshot has it.")
+    start: ValueStart = Field(description="The value when the (oldest) run began.")
+    count: int = Field(description="All changes, not just this page.")
+    changes: list[ValueChange]
+    snapshots_read: int = Field(description="Snapshots whose data the scan read.")

@@ -26,7 +26,10 @@ class Node:
     and `total` is the sum of the children's sizes.
     """
 
-    __slots__ = ("digest", "size", "kids", "digests", "total")
+    # A long list also keeps `running`, the sha256 state over its digests[:run_n], so an
+    # append hashes only the new items (f-watch: a step's cost must not grow with the run).
+    # A running hasher is never updated in place: it is copied first, so nodes share it.
+    __slots__ = ("digest", "size", "kids", "digests", "total", "running", "run_n")
 
     def __init__(
         self, digest: bytes, size: int, kids: Any = None, digests: Any = None, total: int = 0
@@ -38,6 +41,8 @@ class Node:
             digests,
             total,
         )
+        self.running: Any = None
+        self.run_n = 0
 
     @property
     def hex(self) -> str:
@@ -52,7 +57,9 @@ class Node:
             else None
         )
         digests = list(self.digests) if self.digests is not None else None
-        return Node(self.digest, self.size, kids, digests, self.total)
+        node = Node(self.digest, self.size, kids, digests, self.total)
+        node.running, node.run_n = self.running, self.run_n
+        return node
 
 
 @lru_cache(maxsize=8192)
@@ -76,10 +83,32 @@ def _seal_dict(node: Node) -> Node:
     return node
 
 
+#: Lists at least this long keep a running hasher (shorter ones rehash in no time).
+RUNNING_MIN = 64
+
+
 def _seal_list(node: Node) -> Node:
-    node.digest = sha256(b"l" + b"".join(node.digests)).digest()
+    digests = node.digests
+    if node.running is not None and node.run_n <= len(digests):
+        h = node.running.copy()
+        h.update(b"".join(digests[node.run_n :]))
+    else:
+        h = sha256(b"l")
+        h.update(b"".join(digests))
+    node.digest = h.digest()
+    if len(digests) >= RUNNING_MIN:
+        node.running, node.run_n = h, len(digests)
+    else:
+        node.running, node.run_n = None, 0
     node.size = 2 + max(len(node.kids) - 1, 0) + node.total
     return node
+
+
+def _touch(node: Node, index: int) -> None:
+    """Item `index` of a list node changes: its running hasher no longer covers a prefix
+    that stays the same, unless the change is after it."""
+    if index < node.run_n:
+        node.running, node.run_n = None, 0
 
 
 def build(value: Any) -> Node:
@@ -109,6 +138,7 @@ def apply(node: Node, ops: list) -> Node:
         if name == "splice":
             target = _own_path(root, owned, dirty, through, path)
             start, count, items = op[2], op[3], op[4]
+            _touch(target, start)
             new = [build(v) for v in items]
             target.total += sum(k.size for k in new) - sum(
                 k.size for k in target.kids[start : start + count]
@@ -130,6 +160,7 @@ def apply(node: Node, ops: list) -> Node:
             else:
                 del parent.kids[key]
         else:
+            _touch(parent, key)
             new = build(op[2])
             parent.total += new.size - parent.kids[key].size
             parent.kids[key] = new
@@ -162,5 +193,6 @@ def _own_path(root: list, owned: set[int], dirty: list, through: set[int], path:
             node.kids[key] = kid
             if node.digests is not None:
                 through.add(id(node))
+                _touch(node, key)
         node = kid
     return node

@@ -365,6 +365,9 @@ class Snapshot(models.Model):
     )
     phase = models.CharField(max_length=16, blank=True)
     outcome = models.CharField(max_length=16, blank=True)
+    # The paths this snapshot's change touched (agentrun.watch.touched_paths), so watching a
+    # value reads only the snapshots that may have changed it; "": not recorded (older rows).
+    paths = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -29,6 +29,7 @@ from django.db.models import DEFERRED
 
 from agentrun import delta, hashing, rawsql
 from agentrun.models import Snapshot, SnapshotKind
+from agentrun.watch import touched_paths
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Encoded:
     stored_bytes: int
     chain_bytes: int
     keyframe_seq: int
+    paths: str = ""  # Snapshot.paths: what the change touched
 
 
 def _json_bytes(value: Any) -> int:
@@ -63,7 +65,7 @@ def encode(
     """
     if prev is None or prev_state is None:
         node = hashing.build(state)
-        return Encoded(SnapshotKind.FULL, state, node, node.size, 0, seq)
+        return Encoded(SnapshotKind.FULL, state, node, node.size, 0, seq, WHOLE)
     ops = delta.diff(prev_state, state)
     if not ops:
         node = prev_node or hashing.build(state)
@@ -71,9 +73,14 @@ def encode(
     node = hashing.apply(prev_node, ops) if prev_node is not None else hashing.build(state)
     ops_bytes = _json_bytes(ops)
     chain = prev.chain_bytes + ops_bytes
+    paths = touched_paths(ops)
     if chain > node.size:
-        return Encoded(SnapshotKind.FULL, state, node, node.size, 0, seq)
-    return Encoded(SnapshotKind.DELTA, ops, node, ops_bytes, chain, prev.keyframe_seq)
+        return Encoded(SnapshotKind.FULL, state, node, node.size, 0, seq, paths)
+    return Encoded(SnapshotKind.DELTA, ops, node, ops_bytes, chain, prev.keyframe_seq, paths)
+
+
+# Snapshot.paths of a run's first state: all of it is new.
+WHOLE = "\n$\n"
 
 
 def _phase(state: Any) -> str:
@@ -108,6 +115,7 @@ def build(
         chain_bytes=enc.chain_bytes,
         phase=_phase(state),
         outcome=outcome,
+        paths=enc.paths,
     )
     return snapshot, enc.node
 
@@ -194,6 +202,7 @@ def fork(
         chain_bytes=chain,
         phase=_phase(state),
         outcome="",
+        paths=touched_paths(ops),
     )
     return snapshot, node
 

@@ -24,6 +24,7 @@ import traceback as traceback_module
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import is_
 from typing import Any
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "history_to_messages",
     "message_tokens",
     "truncate_history",
+    "validate_successor",
 ]
 
 #: Version of the snapshot layout written by :meth:`AgentState.to_dict`.
@@ -687,6 +689,25 @@ class AgentState:
         }
 
     @classmethod
+    def from_valid(cls, data: Mapping[str, Any]) -> AgentState:
+        """A state from a snapshot dict already validated (current schema version): no
+        checks, so it costs a copy of the top-level lists, not a walk over every item."""
+        memory = data.get("memory")
+        return cls(
+            schema_version=data["schema_version"],
+            phase=Phase(data.get("phase", Phase.IDLE.value)),
+            history=list(data.get("history", ())),
+            memory=_copy_memory(memory) if memory is not None else _default_memory(),
+            tool_calls=list(data.get("tool_calls", ())),
+            decisions=list(data.get("decisions", ())),
+            iteration=data.get("iteration", 0),
+            retries=data.get("retries", 0),
+            failures=list(data.get("failures", ())),
+            final_answer=data.get("final_answer"),
+            error=data.get("error"),
+        )
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AgentState:
         """Validate a snapshot dict (any schema version) and build a state.
 
@@ -732,6 +753,39 @@ class AgentState:
             final_answer=data.get("final_answer"),
             error=data.get("error"),
         )
+
+
+# --------------------------------------------------------------------------
+# Checking a state from the one before it (f-watch: a flat step cost).
+# --------------------------------------------------------------------------
+
+_LIST_FIELDS = tuple(_ITEM_CHECKS)
+
+
+def validate_successor(base: Mapping[str, Any], new: Any) -> None:
+    """Validate ``new`` as :meth:`AgentState.from_dict` would, knowing ``base`` is valid.
+
+    A list field of ``new`` that starts with ``base``'s very items (the same objects:
+    recorded items are never changed in place) has only the items after them checked,
+    so the cost follows what the step added, not the length of the run. Anything else
+    (a shorter list, a replaced item, another schema version) is checked in full.
+    Raises :class:`StateError` with the same message ``from_dict`` would.
+    """
+    if not isinstance(new, dict) or new.get("schema_version") != SCHEMA_VERSION:
+        AgentState.from_dict(new)
+        return
+    light = dict(new)
+    for name in _LIST_FIELDS:
+        old, items = base.get(name, ()), new.get(name, [])
+        if type(items) is not list or len(items) < len(old) or not all(map(is_, old, items)):
+            AgentState.from_dict(new)
+            return
+        light[name] = items[len(old) :]
+    try:
+        AgentState.from_dict(light)
+    except StateError:
+        AgentState.from_dict(new)  # the message, with the item's real position
+        raise
 
 
 # --------------------------------------------------------------------------

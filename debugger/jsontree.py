@@ -105,6 +105,7 @@ class TreeOptions:
     budget: int = 3000
     per_container: int = 100  # a page of a list: the newest 100, links to the rest
     open_depth: int = 2
+    watch: Callable[[Path], str] | None = None  # url of the value's history (f-watch)
 
 
 class _Renderer:
@@ -138,7 +139,11 @@ class _Renderer:
 
     def copy(self, path: Path) -> str:
         text = e(format_path(path) or "$")
-        return f'<button type="button" class="jt-copy" data-path="{text}" title="Copy path {text}">copy</button>'
+        button = f'<button type="button" class="jt-copy" data-path="{text}" title="Copy path {text}">copy</button>'
+        if self.opts.watch is None or not path:
+            return button
+        url = e(self.opts.watch(path))
+        return f'{button}<a class="jt-watch" href="{url}" title="Every step that changed {text}">history</a>'
 
     def leaf(self, key: str | int | None, value: Any, path: Path) -> None:
         kind = json_type(value)

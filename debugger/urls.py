@@ -26,6 +26,7 @@ urlpatterns = [
     path("runs/<uuid:run_id>/retry/", views.retry_step, name="run-retry"),
     path("runs/<uuid:run_id>/approval/", views.decide, name="run-approval"),
     path("runs/<uuid:run_id>/compare/", views.compare_runs, name="run-compare"),
+    path("runs/<uuid:run_id>/watch/", views.watch_value, name="run-watch"),
     path("runs/<uuid:run_id>/steps/<int:number>/", views.run_detail, name="run-step"),
     path("runs/<uuid:run_id>/steps/<int:number>/diff/", views.step_diff, name="step-diff"),
     path("runs/<uuid:run_id>/steps/<int:number>/<at:at>/", views.snapshot, name="snapshot"),

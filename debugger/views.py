@@ -20,7 +20,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_htmx.middleware import HtmxDetails
 
-from agentrun import inflight, services
+from agentrun import inflight, services, watch
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.delta import state_hash
 from agentrun.models import RETRY_EVENTS, Event, Run, Snapshot, Step
@@ -450,7 +450,10 @@ def snapshot(request: HtmxHttpRequest, run_id: Any, number: int, at: str) -> Htt
     base = reverse("debugger:snapshot", args=[run.pk, number, at])
     tree = render_tree(
         value,
-        TreeOptions(link=lambda p, lo: _subtree_url(base, p, lo)),
+        TreeOptions(
+            link=lambda p, lo: _subtree_url(base, p, lo),
+            watch=lambda p: watch_url(run.pk, p, number),
+        ),
         path=path,
         start=int(start) if start and start.isdigit() else None,
         size=snap.size if not path else None,
@@ -705,7 +708,9 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     if _fragment(request, "compare-diff"):
         return render(request, "debugger/compare.html#diff", context)
     context["picker"] = compare.picker(run)
-    return render(request, "debugger/compare.html", context)
+    context.update(_compare_watch(request, other, run))  # f-watch
+    status = 400 if context.get("watch_error") else 200
+    return render(request, "debugger/compare.html", context, status=status)
 
 
 def _step_diff(cmp: compare.Comparison, number: int | None) -> dict[str, Any]:
@@ -901,3 +906,157 @@ def run_by_short_id(request: HttpRequest, prefix: str, rest: str = "") -> HttpRe
     query = request.META.get("QUERY_STRING", "")
     target = reverse("debugger:run-detail", args=[run.pk]) + rest
     return redirect(f"{target}?{query}" if query else target)
+# --- f-watch: the history of one value ----------------------------------------------------
+
+WATCH_PER_PAGE = 100
+VALUE_PREVIEW = 2000
+
+
+@role_required
+def watch_value(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
+    """Every step that changed one value of the run's state (`?path=`), oldest first;
+    `&step=N`: where the value changed last before step N and next after it."""
+    run = get_run_for(request, run_id)
+    text = request.GET.get("path", "")
+    step_text = request.GET.get("step", "")
+    step = int(step_text) if step_text.isdigit() and len(step_text) < 10 else None
+    context: dict[str, Any] = {"run": run, "path_text": text[:200], "step": step}
+    if not text.strip():
+        return render(request, "debugger/watch.html", context)
+    try:
+        path = watch.parse_path(text)
+    except watch.PathSyntaxError as exc:
+        context["error"] = str(exc)
+        return render(request, "debugger/watch.html", context, status=400)
+    found = watch.history(run, path)
+    page = Paginator(range(len(found.changes)), WATCH_PER_PAGE).get_page(request.GET.get("page"))
+    details = watch.step_details(found.changes[i] for i in page.object_list)
+    display = found.display
+
+    def anchor(index: int | None) -> str | None:
+        if index is None:
+            return None
+        query = urlencode({"path": display, "page": index // WATCH_PER_PAGE + 1})
+        return f"?{query}#change-{index}"
+
+    entries = [
+        _watch_entry(
+            found,
+            i,
+            details,
+            display,
+            anchor(i - 1 if i else None),
+            anchor(i + 1 if i + 1 < len(found.changes) else None),
+        )
+        for i in page.object_list
+    ]
+    context.update(
+        found=found,
+        display=display,
+        pointer=watch.pointer(path),
+        page=page,
+        entries=entries,
+        start_value=_preview(found.start.value),
+        current_value=_preview(found.current),
+        around=_watch_around(found, step, anchor) if step is not None else None,
+    )
+    return render(request, "debugger/watch.html", context)
+
+
+def _preview(value: Any) -> dict[str, Any]:
+    if value is watch.MISSING:
+        return {"exists": False, "text": "", "cut": False}
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+    return {
+        "exists": True,
+        "text": text[:VALUE_PREVIEW],
+        "cut": len(text) > VALUE_PREVIEW,
+        "kind": "string" if isinstance(value, str) else "json",
+    }
+
+
+def _watch_entry(
+    found: watch.History,
+    index: int,
+    details: dict[tuple[str, int], dict[str, Any]],
+    display: str,
+    prev: str | None,
+    next: str | None,
+) -> dict[str, Any]:
+    c = found.changes[index]
+    query = "?" + urlencode({"path": display})
+    after_at = c.at
+    return {
+        "index": index,
+        "change": c,
+        "before": _preview(c.before),
+        "after": _preview(c.after),
+        "detail": details.get((str(c.run_id), c.step), {}),
+        "prev": prev,
+        "next": next,
+        "step_url": reverse("debugger:run-step", args=[c.run_id, c.step]),
+        "diff_url": reverse("debugger:step-diff", args=[c.run_id, c.step]),
+        "after_url": reverse("debugger:snapshot", args=[c.run_id, c.step, after_at]) + query
+        if c.after_exists
+        else None,
+    }
+
+
+def _watch_around(found: watch.History, step: int, anchor: Any) -> dict[str, Any]:
+    before, at, after = found.around(step)
+    index = {id(c): i for i, c in enumerate(found.changes)}
+    return {
+        "step": step,
+        "before": before,
+        "before_url": anchor(index[id(before)]) if before else None,
+        "at": at,
+        "at_url": anchor(index[id(at)]) if at else None,
+        "after": after,
+        "after_url": anchor(index[id(after)]) if after else None,
+    }
+
+
+def watch_url(run_id: Any, path: Path | str, step: int | None = None) -> str:
+    query = {"path": path if isinstance(path, str) else watch.format_path(path)}
+    if step is not None:
+        query["step"] = str(step)
+    return reverse("debugger:run-watch", args=[run_id]) + "?" + urlencode(query)
+
+
+def _compare_watch(request: HttpRequest, left: Run, right: Run) -> dict[str, Any]:
+    """The watched path (`?path=`) in both runs, side by side: each change, and now."""
+    text = request.GET.get("path", "")
+    context: dict[str, Any] = {"watch_text": text[:200]}
+    if not text.strip():
+        return context
+    try:
+        path = watch.parse_path(text)
+    except watch.PathSyntaxError as exc:
+        context["watch_error"] = str(exc)
+        return context
+    sides = (watch.history(left, path), watch.history(right, path))
+    rows: dict[tuple[int, int], dict[str, Any]] = {}
+    for side, found in zip(("left", "right"), sides, strict=True):
+        for c in found.changes:
+            row = rows.setdefault((c.step, c.seq % 2), {"step": c.step, "at": c.at})
+            # A fork's inherited change is its parent's: shown once, in the parent's column,
+            # when the parent is the run compared with.
+            if c.inherited and str(c.run_id) == str(left.pk) and side == "right":
+                row["right_inherited"] = True
+                continue
+            row[side] = {"change": c, "value": _preview(c.after)}
+    left_now, right_now = (found.current for found in sides)
+    same = watch.same(left_now, right_now)
+    return {
+        **context,
+        "watch": {
+            "display": sides[0].display,
+            "rows": [rows[k] for k in sorted(rows)],
+            "left_now": _preview(left_now),
+            "right_now": _preview(right_now),
+            "same_now": same,
+            "ever": sides[0].ever_existed or sides[1].ever_existed,
+            "left_url": watch_url(left.pk, path),
+            "right_url": watch_url(right.pk, path),
+        },
+    }

@@ -1,0 +1,644 @@
+"""Watch one value of a run's state: every step that changed it, with before and after.
+
+An incident often starts with one value ("when did the agent's copy of the cart
+change?"). Snapshots are stored as deltas, so the steps that changed a path are
+found by reading deltas, not by rebuilding every state:
+
+- each snapshot records the paths its change touched (`touched_paths`, in
+  `Snapshot.paths`, cut to `INDEX_DEPTH` keys), so the database hands back only the
+  snapshots that may have changed the watched path (REF snapshots never do);
+- of those, only the ops that can reach the path are applied, to a working copy
+  that is right along the path (and may be stale elsewhere);
+- a fork's history goes on into its parent before the fork point (inherited).
+
+Paths: a JSON pointer (`/memory/notes/cart`) or a dotted path (`memory.notes.cart`,
+`messages.3.content`, `messages[3]`, `notes["a b"]`). A number is a list index, or
+the key with those digits in an object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Q
+
+from agentrun import delta
+from agentrun.models import Run, Snapshot, SnapshotKind
+
+__all__ = [
+    "MAX_PATH_CHARS",
+    "MISSING",
+    "Change",
+    "History",
+    "PathSyntaxError",
+    "format_path",
+    "history",
+    "parse_path",
+    "pointer",
+    "touched_paths",
+]
+
+MAX_PATH_CHARS = 1000
+MAX_PATH_DEPTH = 64
+#: Keys of an op's path kept in the index; deeper changes are recorded at this depth.
+INDEX_DEPTH = 4
+#: Forks of forks followed into their parents at most (a fork's read crosses at most 16).
+MAX_HOPS = 32
+
+Path = tuple[str | int, ...]
+
+
+class _Missing:
+    """No value at the path (the key or index does not exist)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING: Any = _Missing()
+
+
+class PathSyntaxError(ValueError):
+    """The text is not a path; the message says where."""
+
+
+# --- paths ---------------------------------------------------------------------
+
+_INDEX = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BARE = re.compile(r"[^.\[\]\"'\s]+")
+_BRACKET = re.compile(r"\[\s*(?:(-?[0-9]+)|(\"(?:[^\"\\]|\\.)*\")|'((?:[^'\\]|\\.)*)')\s*\]")
+
+
+def parse_path(text: Any) -> Path:
+    """The path named by `text`; PathSyntaxError when it is not one."""
+    if not isinstance(text, str):
+        raise PathSyntaxError("the path must be text")
+    if len(text) > MAX_PATH_CHARS:
+        raise PathSyntaxError(
+            f"the path is {len(text):,} characters long; at most {MAX_PATH_CHARS:,}"
+        )
+    if "\x00" in text:
+        raise PathSyntaxError("the path holds a NUL character")
+    text = text.strip()
+    if not text or text in ("$", "/"):
+        raise PathSyntaxError(
+            "give the path of a value inside the state, e.g. memory.notes.cart or /memory/notes/cart"
+        )
+    path = _parse_pointer(text) if text.startswith("/") else _parse_dotted(text)
+    if len(path) > MAX_PATH_DEPTH:
+        raise PathSyntaxError(f"the path is {len(path)} keys deep; at most {MAX_PATH_DEPTH}")
+    return path
+
+
+def _number_or_key(token: str) -> str | int:
+    return int(token) if _INDEX.fullmatch(token) and not token.startswith("-") else token
+
+
+def _parse_pointer(text: str) -> Path:
+    out: list[str | int] = []
+    for raw in text[1:].split("/"):
+        if re.search(r"~[^01]|~$", raw):
+            raise PathSyntaxError(f"bad escape in {raw!r}: in a JSON pointer ~ is written ~0, / ~1")
+        out.append(_number_or_key(raw.replace("~1", "/").replace("~0", "~")))
+    return tuple(out)
+
+
+def _parse_dotted(text: str) -> Path:
+    out: list[str | int] = []
+    pos = 0
+    if text.startswith("$"):
+        pos = 1
+        if len(text) > 1 and text[1] not in ".[":
+            raise PathSyntaxError(f"bad path at {text[:20]!r}")
+    need_key = pos == 0  # at the start a bare key needs no dot
+    while pos < len(text):
+        ch = text[pos]
+        if ch == "[":
+            m = _BRACKET.match(text, pos)
+            if not m:
+                raise PathSyntaxError(
+                    f"bad path at {text[pos : pos + 20]!r}: a bracket holds an index or a quoted key"
+                )
+            number, dquoted, squoted = m.groups()
+            if number is not None:
+                out.append(int(number))
+            elif dquoted is not None:
+                try:
+                    out.append(json.loads(dquoted))
+                except ValueError:
+                    raise PathSyntaxError(f"bad quoted key {dquoted[:20]!r}") from None
+            else:
+                out.append(re.sub(r"\\(.)", r"\1", squoted))
+            pos = m.end()
+            need_key = False
+            continue
+        if ch == ".":
+            pos += 1
+        elif not need_key:
+            raise PathSyntaxError(f"bad path at {text[pos : pos + 20]!r}: expected . or [")
+        m = _BARE.match(text, pos)
+        if not m:
+            raise PathSyntaxError(f"bad path at {text[pos : pos + 20]!r}: expected a key")
+        out.append(_number_or_key(m.group(0)))
+        pos = m.end()
+        need_key = False
+    if not out:
+        raise PathSyntaxError("give the path of a value inside the state")
+    return tuple(out)
+
+
+def format_path(path: Sequence[str | int]) -> str:
+    """memory.notes.cart, messages[3].content, notes["a b"]: the dotted form of a path."""
+    out = ""
+    for step in path:
+        if isinstance(step, int):
+            out += f"[{step}]"
+        elif _IDENT.fullmatch(step):
+            out += f".{step}" if out else step
+        else:
+            out += "[" + json.dumps(step, ensure_ascii=False) + "]"
+    return out
+
+
+def pointer(path: Sequence[str | int]) -> str:
+    """The JSON pointer of a path (/memory/notes/cart)."""
+    return "".join("/" + str(s).replace("~", "~0").replace("/", "~1") for s in path)
+
+
+def resolve(value: Any, path: Sequence[str | int]) -> Any:
+    """The value at path, or MISSING. A number is an index in a list, a key in an object."""
+    for step in path:
+        if type(value) is dict:
+            key = step if type(step) is str else str(step)
+            if key not in value:
+                return MISSING
+            value = value[key]
+        elif type(value) is list and type(step) is int and -len(value) <= step < len(value):
+            value = value[step]
+        else:
+            return MISSING
+    return value
+
+
+# --- the index of touched paths ------------------------------------------------------
+
+
+def _token(step: Any) -> str:
+    # List indexes shift, and a number in a watched path may be a key or an index:
+    # every number (and every all-digit key) is the same token.
+    if type(step) is int or (type(step) is str and _INDEX.fullmatch(step)):
+        return "#"
+    token = str(step).replace("~", "~0").replace("/", "~1").replace("\n", "~2")
+    # A text column holds no NUL and no lone surrogate: both are written as escapes.
+    token = token.replace("\x00", "~3")
+    return token.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _line(path: Iterable[Any]) -> str:
+    return "$" + "".join("/" + _token(s) for s in path)
+
+
+def touched_paths(ops: Iterable[Any]) -> str:
+    """Snapshot.paths for a change made of `ops`: one line per touched path (cut at
+    INDEX_DEPTH keys), framed by newlines so a path matches as a whole line."""
+    lines = {_line(op[1][:INDEX_DEPTH]) for op in ops}
+    return "\n" + "\n".join(sorted(lines)) + "\n"
+
+
+def _may_touch(path: Path) -> Q:
+    """Snapshots whose recorded paths may reach `path` (or that recorded none: "")."""
+    norm = path[:INDEX_DEPTH]
+    q = Q(paths="")
+    for k in range(len(norm) + 1):
+        q |= Q(paths__contains="\n" + _line(norm[:k]) + "\n")
+    if len(path) < INDEX_DEPTH:
+        q |= Q(paths__contains="\n" + _line(norm) + "/")
+    return q
+
+
+def _reaches(op_path: Sequence[Any], path: Path) -> bool:
+    """Whether an op at op_path can change the value at path, now or once lists shift.
+
+    An op on another item of a list on the way is applied too: a later splice can
+    move that item to the watched index.
+    """
+    for q, p in zip(op_path, path, strict=False):
+        if type(p) is int:
+            if type(q) is int:
+                continue
+            if q != str(p):
+                return False
+        elif q != p:
+            return False
+    return True
+
+
+def _relation(op: list, path: Path) -> str:
+    """How an op reaching path touched it: set, del, ancestor-splice, ancestor, inside, sibling."""
+    op_path = op[1]
+    for q, p in zip(op_path, path, strict=False):
+        if type(q) is int and type(p) is int and q != p:
+            return "sibling"
+    if op[0] == "splice":
+        return "splice" if len(op_path) < len(path) else "inside"
+    if len(op_path) == len(path):
+        return op[0]
+    return "ancestor" if len(op_path) < len(path) else "inside"
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two values at a path are the same (JSON types included; MISSING too)."""
+    if a is MISSING or b is MISSING:
+        return a is b
+    return delta._eq(a, b)
+
+
+# --- the history -----------------------------------------------------------------------
+
+
+@dataclass
+class Change:
+    """One snapshot at which the watched value differs from the snapshot before it."""
+
+    run_id: Any
+    step: int
+    at: str  # "post": the step's own change; "pre": an edit before the step (a fork)
+    seq: int
+    kind: str  # added | removed | set | moved
+    how: str  # what touched it, in words
+    before: Any
+    after: Any
+    inherited: bool = False  # a parent's change, before the fork point
+
+    @property
+    def before_exists(self) -> bool:
+        return self.before is not MISSING
+
+    @property
+    def after_exists(self) -> bool:
+        return self.after is not MISSING
+
+
+@dataclass
+class Start:
+    """Where the watched history begins: the first snapshot of the oldest run in the chain."""
+
+    run_id: Any
+    step: int
+    at: str
+    value: Any
+
+    @property
+    def exists(self) -> bool:
+        return self.value is not MISSING
+
+
+@dataclass
+class History:
+    run: Run
+    path: Path
+    start: Start
+    changes: list[Change] = field(default_factory=list)
+    current: Any = MISSING
+    snapshots_read: int = 0  # snapshots whose data was read (deltas and keyframes)
+
+    @property
+    def display(self) -> str:
+        return format_path(self.path)
+
+    @property
+    def ever_existed(self) -> bool:
+        return self.start.exists or any(c.after_exists for c in self.changes)
+
+    @property
+    def exists_now(self) -> bool:
+        return self.current is not MISSING
+
+    def own(self) -> list[Change]:
+        return [c for c in self.changes if not c.inherited]
+
+    def around(self, step: int) -> tuple[Change | None, Change | None, Change | None]:
+        """(the last change before step, the change at step, the first change after it)."""
+        before = at = after = None
+        for c in self.changes:
+            if c.step < step:
+                before = c
+            elif c.step == step and at is None and not c.inherited:
+                at = c
+            elif c.step > step and after is None and not c.inherited:
+                after = c
+        return before, at, after
+
+
+def history(run: Run, path: Path, upto: tuple[int, str] | None = None) -> History:
+    """Every change of the value at `path` in `run` (and, for a fork, in its parents
+    before the fork point), oldest first. `upto`: stop at that (step, at) snapshot."""
+    upto_seq = Snapshot.seq_for(*upto) if upto else None
+    scan = _Scan(path)
+    state, start = scan.run(run, upto_seq, hops=0)
+    return History(
+        run=run,
+        path=path,
+        start=start,
+        changes=scan.changes,
+        current=resolve(state, path),
+        snapshots_read=scan.read,
+    )
+
+
+_FIELDS = ("seq", "step", "at", "kind", "data", "paths")
+
+
+class _Scan:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.changes: list[Change] = []
+        self.read = 0
+
+    def run(self, run: Run, upto_seq: int | None, hops: int) -> tuple[Any, Start]:
+        """Scan `run` up to upto_seq; return the working state there and the start."""
+        inherited = hops > 0
+        first = Snapshot.objects.filter(run_id=run.pk).order_by("seq").values_list(*_FIELDS).first()
+        if first is None:
+            return {}, Start(run.pk, run.first_step, "pre", MISSING)
+        seq, step, at, kind, data, _ = first
+        self.read += 1
+        parent = _parent_of(run) if hops < MAX_HOPS else None
+        if parent is not None and kind in (SnapshotKind.FORK, SnapshotKind.FULL):
+            parent_run, source_seq = parent
+            state, start = self.run(parent_run, source_seq, hops + 1)
+            before = resolve(state, self.path)
+            if kind == SnapshotKind.FORK:
+                ops = [op for op in data or () if _reaches(op[1], self.path)]
+                state = delta.patch(state, ops) if ops else state
+                how = self._how(ops, edit=True)
+            else:
+                kind_, words = self._how_from_index(first[5])
+                state, how = data, (kind_, f"edited before the step; {words}")
+            self._record(run.pk, step, at, seq, before, state, how, inherited)
+        elif kind == SnapshotKind.FORK:  # a fork whose parent is gone: nothing to start from
+            state, start = {}, Start(run.pk, step, at, MISSING)
+        else:
+            state = data if kind == SnapshotKind.FULL else {}
+            start = Start(run.pk, step, at, resolve(state, self.path))
+        rows = (
+            Snapshot.objects.filter(run_id=run.pk, seq__gt=seq)
+            .exclude(kind=SnapshotKind.REF)
+            .filter(_may_touch(self.path))
+        )
+        if upto_seq is not None:
+            rows = rows.filter(seq__lte=upto_seq)
+        for seq, step, at, kind, data, paths in rows.order_by("seq").values_list(*_FIELDS):
+            self.read += 1
+            if kind == SnapshotKind.DELTA:
+                ops = [op for op in data if _reaches(op[1], self.path)]
+                if not ops:
+                    continue
+                before = resolve(state, self.path)
+                state = _patch(state, ops, len(self.path))
+                how = self._how(ops, edit=at == "pre")
+            elif kind == SnapshotKind.FULL:
+                before, state = resolve(state, self.path), data
+                how = self._how_from_index(paths)
+            else:
+                continue
+            self._record(run.pk, step, at, seq, before, state, how, inherited)
+        return state, start
+
+    def _record(
+        self,
+        run_id: Any,
+        step: int,
+        at: str,
+        seq: int,
+        before: Any,
+        state: Any,
+        how: tuple[str, str],
+        inherited: bool,
+    ) -> None:
+        after = resolve(state, self.path)
+        if same(before, after):
+            return
+        if before is MISSING:
+            kind = "added"
+        elif after is MISSING:
+            kind = "removed"
+        else:
+            kind = how[0]
+        self.changes.append(Change(run_id, step, at, seq, kind, how[1], before, after, inherited))
+
+    def _how(self, ops: list, *, edit: bool) -> tuple[str, str]:
+        """(kind for a value that changed, words) from the ops that reached the path."""
+        words: list[str] = []
+        moved = False
+        for op in ops:
+            rel = _relation(op, self.path)
+            where = format_path(op[1]) or "the whole state"
+            if rel == "set":
+                words.append("set")
+            elif rel == "del":
+                words.append("deleted")
+            elif rel == "splice":
+                moved = True
+                words.append(f"list {where} spliced")
+            elif rel == "ancestor":
+                words.append(f"{where} {'replaced' if op[0] == 'set' else 'deleted'}")
+            elif rel == "inside":
+                words.append(f"changed inside ({format_path(op[1])})")
+        words = list(dict.fromkeys(words))
+        if edit:
+            words.insert(0, "edited before the step")
+        kind = "moved" if moved and not any(w == "set" for w in words) else "set"
+        text = "; ".join(words[:4]) + (f" (+{len(words) - 4} more)" if len(words) > 4 else "")
+        return kind, text or "changed"
+
+    def _how_from_index(self, paths: str) -> tuple[str, str]:
+        """Words for a keyframe's change: its ops are not stored, the paths they touched are."""
+        norm = [_token(s) for s in self.path[:INDEX_DEPTH]]
+        words = []
+        for line in (paths or "").split("\n"):
+            if not line.startswith("$"):
+                continue
+            tokens = [t for t in line[1:].split("/")[1:]]
+            if tokens[: len(norm)] != norm[: len(tokens)]:
+                continue
+            keys = [t.replace("~2", "\n").replace("~1", "/").replace("~0", "~") for t in tokens]
+            where = "".join(f"[{k}]" if k == "#" else f".{k}" for k in keys).lstrip(".")
+            if len(tokens) > len(norm) or (len(tokens) == len(norm) < len(self.path)):
+                words.append(f"changed inside ({where})")
+            elif len(tokens) == len(self.path):
+                words.append("set")
+            else:
+                words.append(f"{where or 'the whole state'} replaced")
+        text = "; ".join(words[:4]) + (f" (+{len(words) - 4} more)" if len(words) > 4 else "")
+        return "set", text or "changed"
+
+
+def _patch(state: Any, ops: list, depth: int) -> Any:
+    """delta.patch, but containers above `depth` (the watched path's) are changed in place.
+
+    The working state is this scan's own (decoded from the database for it), and the
+    values it records are subtrees at the watched depth, which stay copy-on-write: a
+    container never changes depth, so none above it is ever part of a recorded value.
+    Appending to a 20,000-item list then costs the append, not a copy of the list.
+    """
+    root = [state]
+    owned: set[int] = set()
+    for op in ops:
+        name, path = op[0], op[1]
+        if name not in ("set", "del", "splice") or not isinstance(path, list):
+            raise delta.DeltaError(f"malformed op: {op!r}")
+        walk = path if name == "splice" else path[:-1]
+        if name != "splice" and not path:
+            if name == "del":
+                raise delta.DeltaError(f"cannot delete the whole value: {op!r}")
+            root[0] = op[2]
+            continue
+        parent: Any = root
+        key: Any = 0
+        node = root[0]
+        for level in range(len(walk) + 1):
+            if level >= depth and id(node) not in owned:
+                if type(node) is dict:
+                    node = dict(node)
+                elif type(node) is list:
+                    node = list(node)
+                else:
+                    raise delta.DeltaError(f"path goes through a scalar: {op!r}")
+                owned.add(id(node))
+                parent[key] = node
+            if level == len(walk):
+                break
+            step = walk[level]
+            in_dict = type(node) is dict and type(step) is str and step in node
+            in_list = type(node) is list and type(step) is int and 0 <= step < len(node)
+            if not (in_dict or in_list):
+                raise delta.DeltaError(f"{step!r} is not on the path of {op!r}")
+            parent, key, node = node, step, node[step]
+        if name == "splice":
+            start, dropped, items = op[2], op[3], op[4]
+            if type(node) is not list or not 0 <= start <= start + dropped <= len(node):
+                raise delta.DeltaError(f"splice does not fit: {op!r}")
+            node[start : start + dropped] = items
+        elif type(node) is dict and type(path[-1]) is str:
+            if name == "set":
+                node[path[-1]] = op[2]
+            elif node.pop(path[-1], _GONE) is _GONE:
+                raise delta.DeltaError(f"no such key to delete: {op!r}")
+        elif name == "set" and type(node) is list and type(path[-1]) is int:
+            if not 0 <= path[-1] < len(node):
+                raise delta.DeltaError(f"index out of range: {op!r}")
+            node[path[-1]] = op[2]
+        else:
+            raise delta.DeltaError(f"op does not fit: {op!r}")
+    return root[0]
+
+
+_GONE = object()
+
+
+def _parent_of(run: Run) -> tuple[Run, int] | None:
+    if not run.parent_id or not run.forked_from_id:
+        return None
+    source = Snapshot.objects.filter(pk=run.forked_from_id).values_list("seq", flat=True).first()
+    parent = Run.objects.filter(pk=run.parent_id).first()
+    if source is None or parent is None:
+        return None
+    return parent, source
+
+
+# --- what the pages and the API show beside a change --------------------------------------
+
+#: A value bigger than this (as compact JSON) is left out of the API's answer.
+MAX_VALUE_BYTES = 64 * 1024
+
+
+def value_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str))
+
+
+def step_details(changes: Iterable[Change]) -> dict[tuple[str, int], dict[str, Any]]:
+    """{(run id, step): {"decision", "tool_calls"}} for the steps of `changes`, in two queries."""
+    from agentrun.models import Step, ToolCall
+
+    wanted: dict[str, set[int]] = {}
+    for c in changes:
+        wanted.setdefault(str(c.run_id), set()).add(c.step)
+    if not wanted:
+        return {}
+    which = Q()
+    for run_id, numbers in wanted.items():
+        which |= Q(run_id=run_id, number__in=numbers)
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    steps = Step.objects.filter(which).values_list("pk", "run_id", "number", "decision")
+    by_pk: dict[Any, dict[str, Any]] = {}
+    for pk, run_id, number, decision in steps:
+        d = decision or {}
+        entry = {
+            "decision": None
+            if decision is None
+            else {
+                "thought": str(d.get("thought") or ""),
+                "rationale": str(d.get("rationale") or ""),
+                "calls": [
+                    {"tool": c.get("tool"), "args": c.get("args") or {}}
+                    for c in d.get("calls") or ()
+                    if isinstance(c, dict)
+                ],
+                "final": d.get("final"),
+            },
+            "tool_calls": [],
+        }
+        out[(str(run_id), number)] = by_pk[pk] = entry
+    calls = (
+        ToolCall.objects.filter(step_id__in=by_pk)
+        .order_by("step_id", "index")
+        .values_list("step_id", "index", "tool", "kind", "status")
+    )
+    for step_id, index, tool, kind, status in calls:
+        by_pk[step_id]["tool_calls"].append(
+            {"index": index, "tool": tool, "kind": kind, "status": status}
+        )
+    return out
+
+
+def value_json(name: str, value: Any) -> dict[str, Any]:
+    """{name: value, "truncated": bool}: null when absent or bigger than MAX_VALUE_BYTES."""
+    if value is MISSING:
+        return {name: None, "truncated": False}
+    if value_size(value) > MAX_VALUE_BYTES:
+        return {name: None, "truncated": True}
+    return {name: value, "truncated": False}
+
+
+def change_json(c: Change, details: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """A change as the API (and `manage.py watch --json`) shows it."""
+    from django.urls import reverse
+
+    before, after = value_json("before", c.before), value_json("after", c.after)
+    detail = details.get((str(c.run_id), c.step), {})
+    return {
+        "run_id": c.run_id,
+        "inherited": c.inherited,
+        "step": c.step,
+        "at": c.at,
+        "kind": c.kind,
+        "how": c.how,
+        "before_exists": c.before_exists,
+        "before": before["before"],
+        "before_truncated": before["truncated"],
+        "after_exists": c.after_exists,
+        "after": after["after"],
+        "after_truncated": after["truncated"],
+        "decision": detail.get("decision"),
+        "tool_calls": detail.get("tool_calls", []),
+        "diff_url": reverse("debugger:step-diff", args=[c.run_id, c.step]),
+    }

@@ -1,0 +1,195 @@
+"""Two figures of issue 11, measured through the real engine on PostgreSQL. Run by hand:
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/<a database of its own> \\
+        .venv/bin/python bench/bench_watch.py [--steps 10000] [--repeat 5]
+
+1. A StateAgent step's cost at step 100 and at step 10,000: the `workload_state` agent
+   (bench/state_agent.py: the workload's steps on the typed AgentState) runs N steps
+   in-process (engine.execute_step with an unlimited chain: each commit claims the next
+   step); a step's time runs from the previous commit to its own. Reported: the median and
+   the mean over steps 51-150 and over the last 100 steps, and their ratio.
+2. The history of one path (agentrun.watch.history, what the watch page, the API and
+   `manage.py watch` call) in 10,000-step runs of the plain-dict `workload` agent, grow and
+   flat variants, and of the StateAgent run: the median of --repeat timings per path, each
+   on a new database connection. The workload runs' snapshots are written as the engine
+   writes them (snapshots.build: a REF pre and a delta or keyframe post per step) without
+   running the steps, which would take minutes and change nothing that is read here.
+
+It migrates the database and deletes the runs it made (and only those) at the start of
+each case. Prints a markdown table; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT)]
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrun.settings")
+os.environ.setdefault("AGENTRUN_VAR_DIR", "/tmp/agentrun-watch-bench")
+os.environ["AGENTRUN_ENQUEUE"] = "false"
+os.environ["AGENTRUN_FAULTS"] = "0"
+os.environ["AGENTRUN_AGENT_MODULES"] = "bench.agent,bench.state_agent"
+os.environ.setdefault("AGENTRUN_MAX_STEPS", "1000000")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from agentrun import engine, services, watch  # noqa: E402
+from agentrun.models import Run, Step  # noqa: E402
+
+LABEL = "bench_watch"  # in the run input: how this script finds (and deletes) its own runs
+
+
+def run_steps(agent: str, variant: str, n: int) -> tuple[Run, list[float]]:
+    """A run of n steps (+ the answer), driven in-process; the wall time of each step."""
+    run = services.start_run(agent, {"goal": LABEL, "variant": variant, "n": n, "label": LABEL})
+    times: list[float] = []
+    last = [time.perf_counter()]
+
+    def observe(outcome: engine.Outcome) -> None:
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+
+    engine.execute_step(run.pk, run.next_step, chain=24 * 3600.0, observe=observe)
+    run.refresh_from_db()
+    assert run.status == "succeeded", (run.status, run.error)
+    return run, times
+
+
+def snapshot_chain(variant: str, n: int) -> Run:
+    """A finished run whose snapshots are the workload's n steps, stored as the engine does."""
+    from agentrun import hashing, snapshots
+    from agentrun.models import Snapshot
+    from bench.wl import workload
+
+    run = Run.objects.create(
+        agent="workload", input={"variant": variant, "n": n, "label": LABEL}, status="succeeded"
+    )
+    state = workload.initial_state(variant)
+    first, node = snapshots.build(run.pk, 1, "pre", state, None, None)
+    first.save()
+    prev, batch = first, []
+    for k in range(1, n + 1):
+        if k > 1:
+            batch.append(snapshots.reference(run.pk, k, "pre", prev))
+        new = workload.apply_delta(state, workload.step_delta(k, variant), variant)
+        prev, node = snapshots.build(run.pk, k, "post", new, prev, state, prev_node=node)
+        batch.append(prev)
+        state = new
+        if len(batch) >= 500:
+            Snapshot.objects.bulk_create(batch)
+            batch = []
+    Snapshot.objects.bulk_create(batch)
+    assert hashing.build(state).hex == prev.hash
+    return run
+
+
+def window(times: list[float], lo: int, hi: int) -> tuple[float, float]:
+    part = times[lo - 1 : hi]
+    return statistics.median(part) * 1000, statistics.fmean(part) * 1000
+
+
+def time_history(run: Run, path: str, repeat: int) -> tuple[float, int, int]:
+    parsed = watch.parse_path(path)
+    samples = []
+    found = None
+    for _ in range(repeat):
+        connection.close()  # a cold connection each time, as a page request on a new worker
+        t = time.perf_counter()
+        found = watch.history(run, parsed)
+        samples.append(time.perf_counter() - t)
+    assert found is not None
+    return statistics.median(samples) * 1000, len(found.changes), found.snapshots_read
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    if connection.vendor != "postgresql":
+        sys.exit("set DATABASE_URL to a PostgreSQL database of its own")
+    call_command("migrate", verbosity=0)
+    Run.objects.filter(input__label=LABEL, parent__isnull=False).delete()
+    Run.objects.filter(input__label=LABEL).delete()
+    n = args.steps
+    print(
+        f"PostgreSQL, {n:,} steps per run, GC {'on' if gc.isenabled() else 'off'}, "
+        f"state cache {settings.AGENTRUN_STATE_CACHE_MB} MB\n"
+    )
+
+    runs = {}
+    for variant in ("grow", "flat"):
+        t = time.perf_counter()
+        runs[("workload", variant)] = snapshot_chain(variant, n)
+        print(
+            f"workload ({variant}): {n:,} steps of snapshots written in "
+            f"{time.perf_counter() - t:.0f} s",
+            flush=True,
+        )
+    print(
+        "\n| agent | steps 51-150: median / mean | last 100: median / mean | ratio (median) "
+        "| state at the end |"
+    )
+    print("|---|---|---|---|---|")
+    for agent, variant in (("workload_state", "grow"),):
+        t = time.perf_counter()
+        run, times = run_steps(agent, variant, n)
+        total = time.perf_counter() - t
+        early, late = window(times, 51, 150), window(times, n - 99, n)
+        size = Step.objects.filter(run=run, number=n).values_list("state_size", flat=True).first()
+        print(
+            f"| {agent} ({variant}) | {early[0]:.2f} / {early[1]:.2f} ms | {late[0]:.2f} / "
+            f"{late[1]:.2f} ms | {late[0] / early[0]:.2f}x | {size / 1e6:.1f} MB "
+            f"(run: {total:.0f} s) |",
+            flush=True,
+        )
+        runs[(agent, variant)] = run
+
+    print("\n| run | path | history (median) | changes | snapshots read |")
+    print("|---|---|---|---|---|")
+    paths = {
+        ("workload", "grow"): [
+            "memory.notes.note_03",
+            "/iteration",
+            "messages[0].content",
+            "messages[-1].role",
+            "memory.notes.never",
+        ],
+        ("workload", "flat"): [
+            "memory.notes.note_03",
+            "/iteration",
+            "messages[0].content",
+            "memory.notes.never",
+        ],
+        ("workload_state", "grow"): [
+            "memory.notes.note_03",
+            "memory.goal",
+            "history[1].content",
+            "phase",
+        ],
+    }
+    for key, run_paths in paths.items():
+        for path in run_paths:
+            ms, count, read = time_history(runs[key], path, args.repeat)
+            print(
+                f"| {key[0]} ({key[1]}) | `{path}` | {ms:.0f} ms | {count:,} | {read:,} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

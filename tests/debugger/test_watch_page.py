@@ -1,0 +1,159 @@
+"""The watch page (/runs/<id>/watch/?path=...), the tree's history links, the step view's
+link block and compare's watched path."""
+
+from __future__ import annotations
+
+import html as htmllib
+import json
+import re
+
+import pytest
+
+from agentrun import services, snapshots
+from tests.base import drive
+
+pytestmark = pytest.mark.django_db
+
+INCIDENT = {
+    "goal": "Get me ready for a weekend camping trip",
+    "user": "ben",
+    "cart": [{"sku": "STOVE-1", "qty": 1}, {"sku": "TENT-2P", "qty": 1}],
+    "cart_changes": [{"after_step": 2, "remove": "STOVE-1"}],
+    "approval": False,
+}
+
+
+@pytest.fixture
+def incident(people):
+    run = drive(services.start_run("shop", INCIDENT), through_backoff=True)
+    assert run.status == "succeeded", run.error
+    return run
+
+
+@pytest.fixture
+def fork(incident, people):
+    state = snapshots.load(incident.pk, 3, "pre")
+    state["memory"]["notes"]["cart"] = json.dumps([{"sku": "TENT-2P", "qty": 1}])
+    run = services.fork_run(incident, step=3, at="pre", state=state, user=people["operator"])
+    return drive(run, through_backoff=True)
+
+
+def text(response) -> str:
+    return htmllib.unescape(re.sub(r"<[^>]+>", " ", response.content.decode()))
+
+
+def entries(response) -> list[str]:
+    return re.findall(r'<li id="change-(\d+)"', response.content.decode())
+
+
+def test_the_cart_note_changed_once_at_step_2(client_for, incident):
+    response = client_for("viewer").get(
+        f"/runs/{incident.pk}/watch/", {"path": "memory.notes.cart"}
+    )
+    assert response.status_code == 200
+    page = text(response)
+    assert "Changed once" in page
+    assert "— added at step 2, and never again." in re.sub(r"\s+", " ", page)
+    assert entries(response) == ["0"]
+    body = response.content.decode()
+    assert f'href="/runs/{incident.pk}/steps/2/"' in body  # the step, one click away
+    assert f'href="/runs/{incident.pk}/steps/2/diff/"' in body
+    assert "Reading ben&#x27;s cart." in body or "Reading ben's cart." in body
+    assert "STOVE-1" in page
+
+
+def test_every_change_links_to_the_previous_and_next_one(client_for, incident):
+    response = client_for("viewer").get(f"/runs/{incident.pk}/watch/", {"path": "iteration"})
+    body = response.content.decode()
+    assert entries(response) == [str(i) for i in range(10)]
+    assert 'href="?path=iteration&amp;page=1#change-4" title="The previous change' in body
+    assert 'href="?path=iteration&amp;page=1#change-6" title="The next change' in body
+
+
+def test_from_a_step_it_shows_the_previous_and_next_change(client_for, incident):
+    response = client_for("viewer").get(
+        f"/runs/{incident.pk}/watch/", {"path": "memory.notes.recommendation", "step": "5"}
+    )
+    page = re.sub(r"\s+", " ", text(response))
+    assert "previous change: step 3" in page
+    assert "step 5 did not change it" in page
+    assert "no change after step 5" in page
+
+
+def test_the_step_view_has_a_watch_form_that_leads_there(client_for, incident):
+    body = client_for("viewer").get(f"/runs/{incident.pk}/steps/5/").content.decode()
+    form = re.search(r'<form class="inline-form watch-from-step".*?</form>', body, re.S).group(0)
+    assert f'action="/runs/{incident.pk}/watch/"' in form
+    assert 'name="step" value="5"' in form
+
+
+def test_every_value_in_a_snapshot_tree_links_to_its_history(client_for, incident):
+    body = client_for("viewer").get(f"/runs/{incident.pk}/steps/3/pre/").content.decode()
+    assert (
+        f'<a class="jt-watch" href="/runs/{incident.pk}/watch/?path=memory.notes.cart&amp;step=3"'
+        in body
+    )
+
+
+def test_a_path_that_never_existed_says_so(client_for, incident):
+    response = client_for("viewer").get(
+        f"/runs/{incident.pk}/watch/", {"path": "/memory/notes/basket"}
+    )
+    assert response.status_code == 200
+    assert "memory.notes.basket never existed" in re.sub(r"\s+", " ", text(response))
+    assert entries(response) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [("memory..notes", "expected a key"), ("x" * 10_000, "10,000 characters long")],
+)
+def test_a_bad_path_is_a_form_error_with_a_400(client_for, incident, path, says):
+    response = client_for("viewer").get(f"/runs/{incident.pk}/watch/", {"path": path})
+    assert response.status_code == 400
+    body = response.content.decode()
+    assert 'role="alert"' in body and says in body
+    assert 'aria-invalid="true"' in body
+
+
+def test_without_a_path_the_page_asks_for_one(client_for, incident):
+    response = client_for("viewer").get(f"/runs/{incident.pk}/watch/")
+    assert response.status_code == 200
+    assert "Name a value of the run" in text(response)
+
+
+def test_outsiders_and_strangers_are_kept_out(client_for, incident):
+    assert client_for(None).get(f"/runs/{incident.pk}/watch/?path=memory").status_code == 302
+    assert client_for("outsider").get(f"/runs/{incident.pk}/watch/?path=memory").status_code == 403
+
+
+def test_a_fork_shows_the_inherited_change_and_its_own_edit(client_for, fork, incident):
+    response = client_for("viewer").get(f"/runs/{fork.pk}/watch/", {"path": "memory.notes.cart"})
+    body = response.content.decode()
+    assert entries(response) == ["0", "1"]
+    assert "inherited from" in body
+    assert f'href="/runs/{incident.pk}/steps/2/"' in body
+    assert f'href="/runs/{fork.pk}/steps/3/"' in body
+
+
+def test_compare_shows_the_watched_path_in_fork_and_parent_side_by_side(client_for, fork):
+    response = client_for("viewer").get(f"/runs/{fork.pk}/compare/", {"path": "memory.notes.cart"})
+    assert response.status_code == 200
+    body = response.content.decode()
+    table = re.search(r'<table class="grid watch-side">.*?</table>', body, re.S).group(0)
+    rows = re.findall(r"<tr>\s*<td class=\"num\">.*?</tr>", table, re.S)
+    cells = [re.findall(r"<td>(.*?)</td>", row, re.S) for row in rows]
+    # step 2: the parent read the cart (the fork inherits it: shown once, in the parent's column)
+    assert "STOVE-1" in cells[0][0] and "the same (inherited)" in cells[0][1]
+    # step 3, before it ran: the fork's corrected cart; the parent did nothing there
+    assert "—" in cells[1][0] and "TENT-2P" in cells[1][1] and "STOVE-1" not in cells[1][1]
+    now = re.search(r'<tr class="watch-now">.*?</tr>', table, re.S).group(0)
+    assert "differs" in now
+    left, right = re.findall(r"<td>(.*?)</td>", now, re.S)
+    assert "STOVE-1" in left and "STOVE-1" not in right
+
+
+def test_compare_refuses_a_bad_watched_path_with_a_400(client_for, fork):
+    response = client_for("viewer").get(f"/runs/{fork.pk}/compare/", {"path": "a[b"})
+    assert response.status_code == 400
+    assert 'role="alert"' in response.content.decode()
