@@ -12,20 +12,21 @@ agentrun.services and render.
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from datetime import timedelta
 from typing import Annotated, Any
 
 from django.conf import settings
 from django.db.models import Prefetch
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from ninja import Path, Query, Status
 from ninja.security import APIKeyCookie, HttpBearer
 
 from agentrun import api_schemas as s
-from agentrun import inflight, services, snapshots
+from agentrun import archive, inflight, services, snapshots
 from agentrun.agents import InvalidInput
 from agentrun.api_base import Api, ApiError
 from agentrun.models import (
@@ -182,6 +183,7 @@ def summary_json(run: Run) -> dict[str, Any]:
         "final_answer": run.final_answer,
         "tokens_in": run.tokens_in,
         "tokens_out": run.tokens_out,
+        "imported_at": run.imported_at,
     }
 
 
@@ -545,6 +547,107 @@ def get_in_flight(
 ) -> dict[str, Any]:
     """What the Now page shows: every active run's current step, by state and worker."""
     return inflight_json(inflight.snapshot(worker=worker, state=state or "", limit=limit))
+
+
+# --- export and import (agentrun.archive) ----------------------------------------------------
+
+ARCHIVE_BODY = {"type": "string", "format": "binary"}
+ARCHIVE_TYPES = ("application/gzip", "application/x-gzip", "application/octet-stream")
+
+
+@api.get(
+    "/runs/{run_id}/export",
+    response={200: None, **_errors(401, 403, 404)},
+    summary="The run as a self-contained archive: gzip'ed JSON lines (docs/ARCHIVE.md)",
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "The archive, streamed as an attachment.",
+                "content": {archive.MEDIA_TYPE: {"schema": ARCHIVE_BODY}},
+            }
+        }
+    },
+)
+def export_run(
+    request: HttpRequest,
+    run_id: RunId,
+    ancestors: Annotated[
+        bool, Query(description="Also the runs it was forked from, oldest first.")
+    ] = False,
+) -> StreamingHttpResponse:
+    run = _get_run(run_id)
+    return archive_response(run, ancestors=ancestors, user=request.user)
+
+
+def archive_response(run: Run, *, ancestors: bool, user: Any) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(
+        archive.export_chunks(run, ancestors=ancestors, user=user),
+        content_type=archive.MEDIA_TYPE,
+    )
+    response["Content-Disposition"] = f'attachment; filename="{archive.filename(run)}"'
+    return response
+
+
+@api.post(
+    "/runs/import",
+    response={201: s.Imported, **_errors(400, 401, 403, 409, 413)},
+    summary="Import a run's archive, read-only (operators); a bad archive stores nothing",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "The archive as exported (GET /api/runs/{run_id}/export).",
+            "content": {t: {"schema": ARCHIVE_BODY} for t in ARCHIVE_TYPES},
+        }
+    },
+)
+def import_run(request: HttpRequest, response: HttpResponse) -> Status[dict[str, Any]]:
+    content_type = request.content_type or ""
+    if content_type not in ARCHIVE_TYPES:
+        raise ApiError(
+            400,
+            f"send the archive itself as the request body, with Content-Type "
+            f"{archive.MEDIA_TYPE} (not {content_type or 'none'})",
+        )
+    limit = settings.AGENTRUN_IMPORT_MAX_BYTES
+    try:
+        declared = int(request.headers.get("Content-Length") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limit:  # refused before a byte is read
+        raise ApiError(413, f"the archive is larger than the limit of {limit} bytes")
+    with tempfile.TemporaryFile() as spool:
+        try:
+            archive.spool(request, spool)
+            spool.seek(0)
+            runs = archive.import_archive(lambda: _Rewound(spool), user=request.user)
+        except archive.ArchiveError as exc:
+            raise ApiError(exc.status, str(exc)) from None
+    root = _get_run(runs[-1].pk)
+    response["Location"] = f"/api/runs/{root.pk}"
+    return Status(
+        201,
+        {
+            "run": summary_json(root),
+            "runs": [str(r.pk) for r in runs],
+            "steps": root.steps.count(),
+            "snapshots": root.snapshots.count(),
+            "archive_sha256": root.imported["archive_sha256"],
+        },
+    )
+
+
+class _Rewound:
+    """The spooled archive from its start, as a context manager that leaves it open."""
+
+    def __init__(self, spool: Any):
+        self.spool = spool
+
+    def __enter__(self) -> Any:
+        self.spool.seek(0)
+        return self.spool
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 @api.get(

@@ -195,6 +195,10 @@ class RunSummary(Response):
     final_answer: str
     tokens_in: int
     tokens_out: int
+    imported_at: datetime | None = Field(
+        default=None,
+        description="When the run was imported from an archive: it is read-only here.",
+    )
 
 
 class ToolCall(Response):
@@ -374,3 +378,14 @@ class InFlight(Response):
 
 #: Every member a fork request may have.
 FORK_FIELDS = tuple(Fork.model_fields)
+
+
+# --- export and import (agentrun.archive) ----------------------------------------------
+
+
+class Imported(Response):
+    run: RunSummary = Field(description="The exported run, now here, read-only.")
+    runs: list[UUID] = Field(description="Every run imported: fork ancestors first.")
+    steps: int
+    snapshots: int
+    archive_sha256: str = Field(description="SHA-256 of the archive as uploaded.")

@@ -35,6 +35,7 @@ urlpatterns = [
         views.snapshot_json,
         name="snapshot-json",
     ),
+    path("runs/<uuid:run_id>/export/", views.run_export, name="run-export"),
     path("now/", views.now, name="now"),
     path("diff/", views.diff_any, name="diff"),
     path("audit/", views.audit, name="audit"),

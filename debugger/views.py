@@ -631,3 +631,16 @@ def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="agentrun-audit-{stamp}.csv"'
     return response
+
+
+# --- h-export: a run's archive ------------------------------------------------------------
+
+
+@role_required
+def run_export(request: HttpRequest, run_id: Any) -> StreamingHttpResponse:
+    """The run's archive as a download (agentrun.archive); ?ancestors=1 adds its parents."""
+    from agentrun.api import archive_response
+
+    run = get_run_for(request, run_id)
+    ancestors = request.GET.get("ancestors", "") in ("1", "true", "yes")
+    return archive_response(run, ancestors=ancestors, user=request.user)
