@@ -602,6 +602,10 @@ def archive_response(run: Run, *, ancestors: bool, user: Any) -> StreamingHttpRe
 )
 def import_run(request: HttpRequest, response: HttpResponse) -> Status[dict[str, Any]]:
     content_type = request.content_type or ""
+    if not request.headers.get("Content-Length", "").strip("0"):
+        raise ApiError(
+            400, f"the archive is empty: send it as the request body ({archive.MEDIA_TYPE})"
+        )
     if content_type not in ARCHIVE_TYPES:
         raise ApiError(
             400,

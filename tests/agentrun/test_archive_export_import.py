@@ -26,6 +26,9 @@ def forget(*runs: Run) -> None:
             Run.objects.filter(pk=run.pk).update(forked_from=None)
         for run in reversed(runs):
             Run.objects.filter(pk=run.pk).delete()
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:  # within a test's transaction: triggers back on
+                cursor.execute("SET LOCAL session_replication_role = origin")
 
 
 def test_an_exported_run_imports_with_every_row_state_and_hash_as_it_was():
