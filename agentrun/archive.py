@@ -30,10 +30,19 @@ from typing import IO, Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, models, transaction
+from django.db.models import ExpressionWrapper, F
 from django.utils import timezone
 
 from agentrun import delta, hashing, snapshots
-from agentrun.models import Event, Run, Snapshot, SnapshotKind, Step, ToolCall
+from agentrun.models import (
+    CompressedJSONField,
+    Event,
+    Run,
+    Snapshot,
+    SnapshotKind,
+    Step,
+    ToolCall,
+)
 from agentrun.state import SCHEMA_VERSION
 
 FORMAT = "agentrun-run-archive"
@@ -93,13 +102,42 @@ def _fields(obj: models.Model, fields: list[Any]) -> dict[str, Any]:
     return {f.name: _plain(getattr(obj, f.attname)) for f in fields}
 
 
+class Raw(bytes):
+    """A value that is JSON text already (a compressed column's, inflated): written as is."""
+
+
 def _line(record: dict[str, Any]) -> bytes:
     """One compact JSON line; a lone surrogate (not UTF-8) is kept as a \\u escape."""
+    raws = [(k, v) for k, v in record.items() if isinstance(v, Raw)]
+    if raws:
+        record = {k: v for k, v in record.items() if not isinstance(v, Raw)}
     text = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     try:
-        return text.encode() + b"\n"
+        line = text.encode()
     except UnicodeEncodeError:
-        return json.dumps(record, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+        line = json.dumps(record, separators=(",", ":"), allow_nan=False).encode()
+    if raws:
+        line = line[:-1] + b"".join(b',"' + k.encode() + b'":' + v for k, v in raws) + b"}"
+    return line + b"\n"
+
+
+def _rows(qs: Any, fields: list[Any], *extra: str) -> Iterator[dict[str, Any]]:
+    """The fields of each row by name, and the `extra` lookups; a compressed JSON column
+    comes as its stored text (Raw), never parsed and written again."""
+    columns: list[Any] = []
+    for f in fields:
+        if isinstance(f, CompressedJSONField):
+            columns.append(ExpressionWrapper(F(f.attname), output_field=models.BinaryField()))
+        else:
+            columns.append(f.attname)
+    names = [f.name for f in fields] + list(extra)
+    packed = {f.name for f in fields if isinstance(f, CompressedJSONField)}
+    for row in qs.values_list(*columns, *extra).iterator(chunk_size=500):
+        values = dict(zip(names, row, strict=True))
+        for name in packed:
+            blob = values[name]
+            values[name] = Raw(b"null" if blob is None else zlib.decompress(blob))
+        yield {k: _plain(v) for k, v in values.items()}
 
 
 # --- export --------------------------------------------------------------------------------
@@ -172,41 +210,34 @@ def _run_record(run: Run, included: set[Any]) -> dict[str, Any]:
 
 
 def _snapshot_records(run: Run, self_contained: bool) -> Iterator[dict[str, Any]]:
-    rows = Snapshot.objects.filter(run=run).order_by("seq").iterator(chunk_size=200)
-    for snap in rows:
-        record = {"type": "snapshot", "run": str(run.pk), **_fields(snap, SNAPSHOT_FIELDS)}
-        if snap.kind == SnapshotKind.FORK and self_contained:
+    rows = Snapshot.objects.filter(run=run).order_by("seq")
+    for values in _rows(rows, SNAPSHOT_FIELDS):
+        record = {"type": "snapshot", "run": str(run.pk), **values}
+        if values["kind"] == SnapshotKind.FORK and self_contained:
             # Its source is in a run the archive doesn't hold: write the state itself.
-            state = snapshots.load_state(snap)
-            record.update(kind=SnapshotKind.FULL, data=state, stored_bytes=snap.size, chain_bytes=0)
+            state = snapshots.load(run.pk, values["step"], values["at"])
+            record.update(
+                kind=SnapshotKind.FULL, data=state, stored_bytes=values["size"], chain_bytes=0
+            )
         yield record
 
 
 def _step_records(run: Run) -> Iterator[dict[str, Any]]:
-    for step in Step.objects.filter(run=run).order_by("number").iterator(chunk_size=500):
-        yield {"type": "step", "run": str(run.pk), **_fields(step, STEP_FIELDS)}
+    for values in _rows(Step.objects.filter(run=run).order_by("number"), STEP_FIELDS):
+        yield {"type": "step", "run": str(run.pk), **values}
 
 
 def _tool_call_records(run: Run) -> Iterator[dict[str, Any]]:
-    calls = (
-        ToolCall.objects.filter(run=run)
-        .select_related("step")
-        .only(*[f.name for f in TOOL_CALL_FIELDS], "step__number")
-        .order_by("step__number", "index")
-    )
-    for tc in calls.iterator(chunk_size=500):
-        yield {
-            "type": "tool_call",
-            "run": str(run.pk),
-            "step": tc.step.number,
-            **_fields(tc, TOOL_CALL_FIELDS),
-        }
+    calls = ToolCall.objects.filter(run=run).order_by("step__number", "index")
+    for values in _rows(calls, TOOL_CALL_FIELDS, "step__number"):
+        step = values.pop("step__number")
+        yield {"type": "tool_call", "run": str(run.pk), "step": step, **values}
 
 
 def _event_records(run: Run) -> Iterator[dict[str, Any]]:
     events = Event.objects.filter(run_id=run.pk).order_by("created_at", "id")
-    for event in events.iterator(chunk_size=500):
-        yield {"type": "event", "run": str(run.pk), **_fields(event, EVENT_FIELDS)}
+    for values in _rows(events, EVENT_FIELDS):
+        yield {"type": "event", "run": str(run.pk), **values}
 
 
 def export_records(run: Run, *, ancestors: bool = False, user: Any = None) -> Iterator[dict]:
@@ -250,7 +281,8 @@ def export_lines(run: Run, *, ancestors: bool = False, user: Any = None) -> Iter
 
 def export_chunks(run: Run, *, ancestors: bool = False, user: Any = None) -> Iterator[bytes]:
     """The gzip'ed archive in chunks of about CHUNK bytes, as the rows are read."""
-    gz = zlib.compressobj(6, zlib.DEFLATED, 31)
+    # Level 1: three times faster than 6 and within a tenth of its size on this JSON.
+    gz = zlib.compressobj(1, zlib.DEFLATED, 31)
     pending: list[bytes] = []
     size = 0
     for line in export_lines(run, ancestors=ancestors, user=user):
@@ -396,48 +428,101 @@ def _records(stream: IO[bytes], sha: Any = None) -> Iterator[tuple[int, dict[str
 # --- checking and building rows --------------------------------------------------------------
 
 
-def _value(model: type[models.Model], f: Any, value: Any, where: str) -> Any:
-    """A record's value as the field stores it, or ArchiveError."""
-    if value is None:
-        if f.null:
-            return None
-        raise ArchiveError(f"{where}: {f.name} can't be null")
-    if isinstance(f, models.DateTimeField):
+@dataclass(frozen=True)
+class _Column:
+    """What a record's member must be to go into a field: checked once per value."""
+
+    name: str
+    kind: str  # datetime, bool, int, float, text or json
+    null: bool
+    max_length: int | None
+    choices: frozenset[str] | None
+
+    @classmethod
+    def of(cls, f: Any) -> _Column:
+        if isinstance(f, models.DateTimeField):
+            kind = "datetime"
+        elif isinstance(f, models.BooleanField):
+            kind = "bool"
+        elif isinstance(f, models.IntegerField):
+            kind = "int"
+        elif isinstance(f, models.FloatField):
+            kind = "float"
+        elif isinstance(f, models.CharField | models.TextField) and not hasattr(f, "from_db_value"):
+            kind = "text"
+        else:
+            kind = "json"
+        choices = frozenset(str(c[0]) for c in f.flatchoices) if f.choices else None
+        return cls(f.name, kind, f.null, getattr(f, "max_length", None), choices)
+
+    def value(self, value: Any, where: str) -> Any:
+        """The record's value as the field stores it, or ArchiveError."""
+        if value is None:
+            if self.null:
+                return None
+            raise ArchiveError(f"{where}: {self.name} can't be null")
+        kind = self.kind
+        if kind == "datetime":
+            return self._datetime(value, where)
+        if kind == "int":
+            ok = type(value) is int and -(2**31) <= value < 2**31
+        elif kind == "text":
+            ok = type(value) is str and "\x00" not in value
+            if ok and self.max_length is not None and len(value) > self.max_length:
+                raise ArchiveError(
+                    f"{where}: {self.name} is longer than {self.max_length} characters"
+                )
+        elif kind == "bool":
+            ok = type(value) is bool
+        elif kind == "float":
+            ok = type(value) in (int, float)
+        else:
+            ok = True
+        if not ok:
+            raise ArchiveError(f"{where}: {self.name} has the wrong type ({type(value).__name__})")
+        if self.choices is not None and value not in self.choices:
+            raise ArchiveError(f"{where}: unknown {self.name} {value!r}")
+        return value
+
+    def _datetime(self, value: Any, where: str) -> datetime:
         if not isinstance(value, str):
-            raise ArchiveError(f"{where}: {f.name} must be a date-time string")
+            raise ArchiveError(f"{where}: {self.name} must be a date-time string")
         try:
             parsed = datetime.fromisoformat(value)
         except ValueError:
-            raise ArchiveError(f"{where}: {f.name} is not a date-time: {value!r}") from None
+            raise ArchiveError(f"{where}: {self.name} is not a date-time: {value!r}") from None
         if parsed.tzinfo is None:
-            raise ArchiveError(f"{where}: {f.name} has no time zone")
+            raise ArchiveError(f"{where}: {self.name} has no time zone")
         return parsed
-    if isinstance(f, models.BooleanField):
-        ok = isinstance(value, bool)
-    elif isinstance(f, models.IntegerField):
-        ok = isinstance(value, int) and not isinstance(value, bool) and -(2**31) <= value < 2**31
-    elif isinstance(f, models.FloatField):
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    elif isinstance(f, models.CharField | models.TextField) and not hasattr(f, "from_db_value"):
-        ok = isinstance(value, str) and "\x00" not in value
-        if ok and f.max_length is not None and len(value) > f.max_length:
-            raise ArchiveError(f"{where}: {f.name} is longer than {f.max_length} characters")
-    else:  # JSON
-        ok = True
-    if not ok:
-        raise ArchiveError(f"{where}: {f.name} has the wrong type ({type(value).__name__})")
-    if f.choices and value not in {c[0] for c in f.flatchoices}:
-        raise ArchiveError(f"{where}: unknown {f.name} {value!r}")
-    return value
+
+
+_COLUMNS: dict[int, list[_Column]] = {}
+
+
+def _values(fields: list[Any], record: dict[str, Any], where: str) -> list[Any]:
+    """The record's values of `fields`, in their order, checked."""
+    columns = _COLUMNS.get(id(fields))
+    if columns is None:
+        columns = _COLUMNS[id(fields)] = [_Column.of(f) for f in fields]
+    values = []
+    for column in columns:
+        try:
+            value = record[column.name]
+        except KeyError:
+            raise ArchiveError(f"{where}: {column.name} is missing") from None
+        values.append(column.value(value, where))
+    return values
 
 
 def _build(model: type[models.Model], fields: list[Any], record: dict, where: str, **links: Any):
-    values = {}
-    for f in fields:
-        if f.name not in record:
-            raise ArchiveError(f"{where}: {f.name} is missing")
-        values[f.attname] = _value(model, f, record[f.name], where)
-    return model(**values, **links)
+    """An unsaved row from a record: `fields` from it, the links (run_id=...) given."""
+    values = dict(zip((f.attname for f in fields), _values(fields, record, where), strict=True))
+    if model is Run:
+        return Run(**values, **links)
+    # Positional: a tenth of the keyword path's cost, for thousands of rows.
+    return model(
+        *[links.get(f.attname, values.get(f.attname)) for f in model._meta.concrete_fields]
+    )
 
 
 def _source_seq(source: Any, where: str) -> int:
@@ -542,16 +627,16 @@ class _Checker:
         if kind == "snapshot":
             self._snapshot(run, record, where)
         elif kind == "step":
-            step = _build(Step, STEP_FIELDS, record, where)
-            if step.number in run.steps:
-                raise ArchiveError(f"{where}: step {step.number} comes twice")
-            run.steps.add(step.number)
+            _values(STEP_FIELDS, record, where)
+            if record["number"] in run.steps:
+                raise ArchiveError(f"{where}: step {record['number']} comes twice")
+            run.steps.add(record["number"])
         elif kind == "tool_call":
-            _build(ToolCall, TOOL_CALL_FIELDS, record, where)
+            _values(TOOL_CALL_FIELDS, record, where)
             if record.get("step") not in run.steps:
                 raise ArchiveError(f"{where}: its step {record.get('step')!r} is not in the run")
         elif kind == "event":
-            _build(Event, EVENT_FIELDS, record, where)
+            _values(EVENT_FIELDS, record, where)
         else:
             raise ArchiveError(f"{where}: unknown record type {kind!r}")
         run.counts[kind + "s"] += 1
@@ -565,7 +650,7 @@ class _Checker:
         if run_id != expected:
             raise ArchiveError(f"{where}: runs come in the manifest's order")
         run = self.runs[run_id]
-        _build(Run, RUN_FIELDS, record, where)
+        _values(RUN_FIELDS, record, where)
         parent, source = record.get("parent"), record.get("forked_from")
         if not isinstance(record.get("parent_in_archive"), bool):
             raise ArchiveError(f"{where}: parent_in_archive must be true or false")
