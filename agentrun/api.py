@@ -557,7 +557,7 @@ ARCHIVE_TYPES = ("application/gzip", "application/x-gzip", "application/octet-st
 
 @api.get(
     "/runs/{run_id}/export",
-    response={200: None, **_errors(401, 403, 404)},
+    response={200: None, **_errors(400, 401, 403, 404)},
     summary="The run as a self-contained archive: gzip'ed JSON lines (docs/ARCHIVE.md)",
     openapi_extra={
         "responses": {
