@@ -104,7 +104,9 @@ def with_examples(served: dict) -> dict:
 
 
 # An archive to import is a binary body, sent as it is, like application/octet-stream.
-schemathesis.serializer.alias(["application/gzip", "application/x-gzip"], "application/octet-stream")
+schemathesis.serializer.alias(
+    ["application/gzip", "application/x-gzip"], "application/octet-stream"
+)
 
 schema = schemathesis.openapi.from_dict(with_examples(SERVED), config=CONFIG)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from functools import partial
 
 import pytest
 
@@ -56,7 +57,7 @@ def test_an_operator_downloads_a_forks_archive_and_it_imports_read_only(
 
         # The same archive, imported where its runs are not.
         forget(parent, fork)
-        runs = archive.import_archive(lambda: open(path, "rb"), user=people["operator"])
+        runs = archive.import_archive(partial(path.open, "rb"), user=people["operator"])
         assert [r.pk for r in runs] == [parent.pk, fork.pk]
         assert archives.hashes([parent.pk, fork.pk]) == before
 
