@@ -150,9 +150,19 @@ def runs_to_export(run: Run, ancestors: bool = False) -> list[Run]:
 
 def _source(run: Run) -> dict[str, Any] | None:
     snap = run.forked_from
-    if snap is None:
-        return None
+    if snap is None:  # an imported fork whose parent stayed behind knows it by value
+        return (run.imported or {}).get("forked_from")
     return {"step": snap.step, "at": snap.at, "hash": snap.hash}
+
+
+def _parent(run: Run) -> str | None:
+    return str(run.parent_id) if run.parent_id else (run.imported or {}).get("parent")
+
+
+def _creator(run: Run) -> str | None:
+    if run.created_by:
+        return run.created_by.get_username()
+    return (run.imported or {}).get("created_by")  # from where it was imported
 
 
 def _run_summary(run: Run, included: set[Any]) -> dict[str, Any]:
@@ -162,7 +172,7 @@ def _run_summary(run: Run, included: set[Any]) -> dict[str, Any]:
         "agent": run.agent,
         "agent_version": run.agent_version,
         "status": run.status,
-        "parent": str(run.parent_id) if run.parent_id else None,
+        "parent": _parent(run),
         "parent_in_archive": run.parent_id in included,
         "forked_from": _source(run),
         "steps": run.steps.count(),
@@ -190,21 +200,31 @@ def manifest(runs: list[Run], *, user: Any = None) -> dict[str, Any]:
         "agent_version": root.agent_version,
         "runs": [_run_summary(r, included) for r in runs],
         # The whole parent chain, whether or not its runs are in the archive.
-        "lineage": [
-            {"id": str(r.pk), "agent": r.agent, "status": r.status, "forked_from": _source(r)}
-            for r in root.lineage()
-        ],
+        "lineage": _lineage(root),
     }
+
+
+def _lineage(root: Run) -> list[dict[str, Any]]:
+    """The whole parent chain, oldest first: the runs here, and before them the ones an
+    imported run's archive named but didn't hold."""
+    chain = root.lineage()
+    here = {str(r.pk) for r in chain}
+    known = (chain[0].imported or {}).get("lineage")
+    before = [n for n in known if n.get("id") not in here] if isinstance(known, list) else []
+    return before + [
+        {"id": str(r.pk), "agent": r.agent, "status": r.status, "forked_from": _source(r)}
+        for r in chain
+    ]
 
 
 def _run_record(run: Run, included: set[Any]) -> dict[str, Any]:
     return {
         "type": "run",
         "id": str(run.pk),
-        "parent": str(run.parent_id) if run.parent_id else None,
+        "parent": _parent(run),
         "parent_in_archive": run.parent_id in included,
         "forked_from": _source(run),
-        "created_by": run.created_by.get_username() if run.created_by else None,
+        "created_by": _creator(run),
         **_fields(run, RUN_FIELDS),
     }
 
@@ -834,6 +854,7 @@ class _Writer:
             # A parent the archive doesn't hold: known by id only.
             "parent": None if record.get("parent_in_archive") else record.get("parent"),
             "forked_from": None if record.get("parent_in_archive") else source,
+            "lineage": [n for n in manifest.get("lineage") or [] if isinstance(n, dict)],
         }
         run.save(force_insert=True)
         return run

@@ -137,6 +137,13 @@ def test_a_fork_without_its_parent_is_self_contained_and_keeps_its_lineage_as_id
     assert imported.imported["forked_from"]["step"] == 3
     assert snapshots.get(fork.pk, 3, "pre").kind == SnapshotKind.FULL
     assert archives.hashes([fork.pk]) == before
+    # Exported again from here, it still names its parent and its whole lineage.
+    again = archives.records(archives.export_bytes(imported))
+    assert again[0]["lineage"] == manifest["lineage"]
+    assert (again[1]["parent"], again[1]["forked_from"]) == (
+        str(parent.pk),
+        manifest["runs"][0]["forked_from"],
+    )
 
 
 def test_with_its_ancestors_a_fork_keeps_its_link_to_its_parents_snapshot():

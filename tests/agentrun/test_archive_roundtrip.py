@@ -114,15 +114,11 @@ def test_a_fork_and_its_parent_go_to_the_other_database_and_back_unchanged(
         for url, page in truth["pages"].items():
             assert side["pages"][url] == page, url
 
-    # The archive made over there holds the same records, but for what importing adds
-    # (the import event, the creator's name moved into the marker). Compared as JSON values:
-    # PostgreSQL's jsonb columns (a run's input, a step's decision) keep no key order.
+    # The archive made over there holds the same records, but for the import event it
+    # adds. Compared as JSON values: PostgreSQL's jsonb columns (a run's input, a step's
+    # decision) keep no key order.
     def comparable(path: Path) -> list[dict]:
         recs = archives.records(path.read_bytes())[1:-1]
-        return [
-            {k: v for k, v in r.items() if k != "created_by"}
-            for r in recs
-            if r.get("kind") != "run_imported"
-        ]
+        return [r for r in recs if r.get("kind") != "run_imported"]
 
     assert comparable(tmp_path / "there.gz") == comparable(first)
