@@ -6,7 +6,7 @@
 Give it a database of its own: it migrates it and empties the run tables. It plays the
 shared workload (bench/agent.py, variant grow, N = 1000) through the engine in this
 process, then measures the run's stored bytes (PostgreSQL: the run tables' total relation
-sizes after VACUUM; SQLite: the pages of the run tables, from dbstat), the export to a
+sizes after VACUUM FULL; SQLite: the pages of the run tables, from dbstat), the export to a
 file (`archive.export_chunks`, as `manage.py exportrun` and the API stream it) and the
 import of that file (`archive.import_archive`: the checking pass, then the writing one),
 after the run is removed. Checks that every snapshot hash is the same after the import.
@@ -78,7 +78,7 @@ def stored_bytes() -> int:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             for table in TABLES:
-                cursor.execute(f"VACUUM ANALYZE {table}")
+                cursor.execute(f"VACUUM FULL {table}")  # the live rows only
             cursor.execute(
                 "SELECT sum(pg_total_relation_size(c)) FROM unnest(%s::regclass[]) AS c",
                 [list(TABLES)],
