@@ -902,5 +902,10 @@ def import_archive(open_stream: Any, *, user: Any = None) -> list[Run]:
             )
     except DatabaseError as exc:
         raise ArchiveError(f"the archive's rows can't be stored here: {exc}") from None
+    except ArchiveError:
+        raise
+    except (KeyError, TypeError, ValueError, Snapshot.DoesNotExist) as exc:
+        # Only a file changed between the two passes gets past the first one's checks.
+        raise ArchiveError(f"the archive changed while it was being imported ({exc!r})") from None
     found = Run.objects.in_bulk([uuid.UUID(r) for r in checked.runs])
     return [found[uuid.UUID(r)] for r in checked.runs]

@@ -252,3 +252,14 @@ def test_a_body_that_is_not_an_archive_says_how_to_send_one(operator_client):
     response = post(operator_client, b'{"run": 1}', content_type="application/json")
     assert response.status_code == 400
     assert "Content-Type application/gzip" in response.json()["detail"]
+
+
+def test_an_archive_that_changes_between_the_two_passes_stores_nothing(exported):
+    data, recs = exported
+    other = copy.deepcopy(recs)
+    first(other, "step", number=1)["number"] = 99  # its tool calls' step is gone now
+    reads = iter([data, archives.pack(other)])
+    before = archives.row_counts()
+    with pytest.raises(archive.ArchiveError, match="changed while it was being imported"):
+        archive.import_archive(lambda: io.BytesIO(next(reads)))
+    assert archives.row_counts() == before
