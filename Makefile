@@ -1,11 +1,14 @@
 # agentrun: `make up` runs everything locally, `make test` runs the whole test suite.
 # Both create .venv with the Python found as $(PYTHON) (3.11+) and install pyproject's
-# pinned dependencies into it; that step is skipped while pyproject.toml is unchanged.
+# pinned dependencies into it: `make up` the runtime ones, `make test` those and [dev].
+# Each install is skipped while pyproject.toml is unchanged.
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# Stamps: the runtime dependencies are installed, and the [dev] ones on top of them.
 STAMP  := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 WORKERS ?= 1
@@ -13,21 +16,30 @@ CHROMIUM := /usr/bin/chromium
 # The tests get their own database and broker folder, never the dev ones under var/.
 TEST_VAR := $(CURDIR)/var/test
 
-.PHONY: up test install lint chromium clean
+.PHONY: up test install install-dev lint chromium clean
 
 install: $(STAMP)
+install-dev: $(DEV_STAMP)
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 	  { echo "agentrun needs Python 3.11+; $(PYTHON) is $$($(PYTHON) -V 2>&1). Try: make PYTHON=python3.11 ..."; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
-# Dependencies only (runtime + [dev]), read from pyproject.toml: the project itself runs
-# from this directory, so it needs no build and leaves no egg-info behind.
+# Dependencies only, read from pyproject.toml: the project itself runs from this
+# directory, so it needs no build and leaves no egg-info behind. [dev] is installed with
+# the runtime pins, so pip resolves them together; a new pyproject.toml redoes both.
+REQUIREMENTS = $(BIN)/python -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	  print("\n".join(p["dependencies"] + [d for x in sys.argv[1:] for d in p["optional-dependencies"][x]]))'
+
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-	  print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))' > $(VENV)/requirements.txt
+	$(REQUIREMENTS) > $(VENV)/requirements.txt
 	$(BIN)/python -m pip install --disable-pip-version-check -r $(VENV)/requirements.txt
+	@touch $@
+
+$(DEV_STAMP): $(STAMP)
+	$(REQUIREMENTS) dev > $(VENV)/requirements-dev.txt
+	$(BIN)/python -m pip install --disable-pip-version-check -r $(VENV)/requirements-dev.txt
 	@touch $@
 
 up: $(STAMP)
@@ -46,10 +58,10 @@ chromium:
 	  fi; \
 	fi
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP) chromium
+test: $(DEV_STAMP) chromium
 	$(BIN)/ruff check .
 	AGENTRUN_VAR_DIR=$(TEST_VAR) $(BIN)/python manage.py makemigrations --check --dry-run
 	AGENTRUN_VAR_DIR=$(TEST_VAR) $(BIN)/python -m pytest $(PYTEST_ARGS)

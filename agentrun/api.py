@@ -24,9 +24,11 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from ninja import Path, Query, Status
 from ninja.security import APIKeyCookie, HttpBearer
+from pydantic import StringConstraints
 
 from agentrun import api_schemas as s
-from agentrun import archive, inflight, services, snapshots
+from agentrun import archive, inflight, retention, services, snapshots
+from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput
 from agentrun.api_base import Api, ApiError
 from agentrun.models import (
@@ -38,6 +40,7 @@ from agentrun.models import (
     Step,
     ToolCall,
 )
+from agentrun.redact import redact
 from agentrun.roles import can_operate, role_of
 from agentrun.storable import TEXT_PATTERN, parse_json
 
@@ -151,7 +154,12 @@ api = Api(
 
 
 def _get_run(run_id: uuid.UUID | str) -> Run:
-    run = Run.objects.select_related("created_by", "forked_from").filter(pk=run_id).first()
+    run = (
+        Run.objects.select_related("created_by", "forked_from", "pinned_by")
+        .prefetch_related("labels")
+        .filter(pk=run_id)
+        .first()
+    )
     if run is None:
         raise ApiError(404, f"no run {run_id}")
     return run
@@ -183,8 +191,19 @@ def summary_json(run: Run) -> dict[str, Any]:
         "final_answer": run.final_answer,
         "tokens_in": run.tokens_in,
         "tokens_out": run.tokens_out,
+        "labels": run_labels.of(run),
+        **retention_json(run),
         "imported_at": run.imported_at,
     }
+
+
+def retention_json(run: Run) -> dict[str, Any]:
+    """g-retention: the run's pin and when retention purges it."""
+    pin = None
+    if run.pinned_at is not None:
+        by = run.pinned_by.get_username() if run.pinned_by else None
+        pin = {"at": run.pinned_at, "by": by, "reason": run.pin_reason}
+    return {"pin": pin, "purged_at": run.purged_at, "purge_after": retention.purge_after(run)}
 
 
 def _tool_call(tc: ToolCall) -> dict[str, Any]:
@@ -225,7 +244,13 @@ def detail_json(run: Run) -> dict[str, Any]:
     steps = run.steps.order_by("number").prefetch_related(
         Prefetch("tool_calls", queryset=ToolCall.objects.order_by("index"))
     )
-    return {**summary_json(run), "steps": [_step(s) for s in steps]}
+    kept_by = retention.kept_by(run) if run.pinned_at is None and run.purged_at is None else None
+    return {
+        **summary_json(run),
+        "input": redact(run.input),
+        "steps": [_step(s) for s in steps],
+        "kept_by": str(kept_by.pk) if kept_by else None,
+    }
 
 
 def _side_effect(tc: ToolCall) -> dict[str, Any]:
@@ -324,13 +349,40 @@ def list_runs(
     ] = "",
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Page size.")] = DEFAULT_LIMIT,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Runs to skip.")] = 0,
+    label: Annotated[
+        list[
+            Annotated[
+                str,
+                StringConstraints(
+                    pattern=run_labels.FILTER_PATTERN, max_length=run_labels.FILTER_MAX_LENGTH
+                ),
+            ]
+        ],
+        Query(
+            description="Only runs with this label: `key=value`, or `key` for any value. "
+            "Repeat it for runs with all of them."
+        ),
+    ] = [],  # noqa: B006 -- Ninja copies the default
+    pinned: Annotated[
+        bool | None, Query(description="true: only pinned runs; false: only unpinned ones.")
+    ] = None,
 ) -> dict[str, Any]:
     qs = Run.objects.all()
+    if pinned is not None:
+        qs = qs.filter(pinned_at__isnull=not pinned)
     if status:
         qs = qs.filter(status=status)
     if agent:
         qs = qs.filter(agent=agent)
-    page = qs.select_related("created_by", "forked_from").order_by("-created_at", "-id")
+    try:
+        qs = run_labels.filter_runs(qs, label)
+    except run_labels.InvalidLabels as exc:
+        raise ApiError(400, str(exc), field="label") from None
+    page = (
+        qs.select_related("created_by", "forked_from", "pinned_by")
+        .prefetch_related("labels")
+        .order_by("-created_at", "-id")
+    )
     return {"items": [summary_json(r) for r in page[offset : offset + limit]], "count": qs.count()}
 
 
@@ -341,7 +393,9 @@ def list_runs(
 )
 def start_run(request: HttpRequest, body: s.CreateRun) -> Status[dict[str, Any]]:
     try:
-        run = services.start_run(body.agent, body.input, user=request.user)
+        run = services.start_run(body.agent, body.input, user=request.user, labels=body.labels)
+    except run_labels.InvalidLabels as exc:
+        raise ApiError(400, str(exc), field="labels") from None
     except InvalidInput as exc:
         raise ApiError(400, str(exc)) from None
     return Status(201, summary_json(run))
@@ -368,6 +422,8 @@ def get_snapshot(
     at: Annotated[s.At, Path(description="Before or after the step.")],
 ) -> dict[str, Any]:
     run = _get_run(run_id)
+    if run.purged_at is not None:
+        raise ApiError(404, f"run {run.pk} was purged by retention: its snapshots are gone")
     try:
         snap = snapshots.get(run.pk, step, at)
     except Snapshot.DoesNotExist:
@@ -377,6 +433,7 @@ def get_snapshot(
 
 ACTION_ERRORS = _errors(400, 401, 403, 404, 409, 413)
 NO_REASON = s.Reason.model_validate({})  # no body at all
+UNPIN_NO_REASON = s.UnpinRequest.model_validate({})
 
 
 @api.post(
@@ -454,6 +511,7 @@ def fork_run(
             reason=body.reason,
             user=request.user,
             confirm_live=body.confirm_live,
+            labels=body.labels,
         )
     except services.ForkError as exc:
         if exc.field != "confirm_live":
@@ -549,6 +607,41 @@ def get_in_flight(
     return inflight_json(inflight.snapshot(worker=worker, state=state or "", limit=limit))
 
 
+# --- pins (g-retention) -----------------------------------------------------------------
+
+
+@api.post(
+    "/runs/{run_id}/pin",
+    response={200: s.RunDetail, **ACTION_ERRORS},
+    summary="Keep a run from retention, with its fork ancestors and descendants (operators); "
+    "pinning a pinned run changes its reason",
+)
+def pin_run(request: HttpRequest, run_id: RunId, body: s.PinRequest) -> dict[str, Any]:
+    return _pin_action(request, run_id, services.pin_run, body.reason)
+
+
+@api.post(
+    "/runs/{run_id}/unpin",
+    response={200: s.RunDetail, **ACTION_ERRORS},
+    summary="Let retention purge a pinned run again when its time comes (operators)",
+)
+def unpin_run(
+    request: HttpRequest, run_id: RunId, body: s.UnpinRequest = UNPIN_NO_REASON
+) -> dict[str, Any]:
+    return _pin_action(request, run_id, services.unpin_run, body.reason)
+
+
+def _pin_action(request: HttpRequest, run_id: uuid.UUID, action: Any, reason: str) -> dict:
+    run = _get_run(run_id)
+    try:
+        action(run, user=request.user, reason=reason)
+    except services.PinError as exc:
+        raise ApiError(400, str(exc), field="reason") from None
+    except services.ActionError as exc:
+        raise ApiError(409, str(exc)) from None
+    return detail_json(_get_run(run_id))
+
+
 # --- export and import (agentrun.archive) ----------------------------------------------------
 
 ARCHIVE_BODY = {"type": "string", "format": "binary"}
@@ -557,7 +650,7 @@ ARCHIVE_TYPES = ("application/gzip", "application/x-gzip", "application/octet-st
 
 @api.get(
     "/runs/{run_id}/export",
-    response={200: None, **_errors(400, 401, 403, 404)},
+    response={200: None, **_errors(400, 401, 403, 404, 409)},
     summary="The run as a self-contained archive: gzip'ed JSON lines (docs/ARCHIVE.md)",
     openapi_extra={
         "responses": {
@@ -576,6 +669,9 @@ def export_run(
     ] = False,
 ) -> StreamingHttpResponse:
     run = _get_run(run_id)
+    problem = archive.export_problem(run)
+    if problem:
+        raise ApiError(409, problem)
     return archive_response(run, ancestors=ancestors, user=request.user)
 
 

@@ -16,6 +16,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 from agentrun import inflight
+from agentrun import labels as run_labels
 from agentrun.models import (
     ReplayMode,
     Run,
@@ -24,7 +25,7 @@ from agentrun.models import (
     ToolCallStatus,
     WaitReason,
 )
-from agentrun.services import FORK_MODES
+from agentrun.services import FORK_MODES, PIN_REASON_MAX
 from agentrun.storable import TEXT_PATTERN
 
 #: A fork point or snapshot beyond this is out of range (snapshot positions are 32-bit).
@@ -54,6 +55,23 @@ At = Literal["pre", "post"]
 RunStatusName = one_of(RunStatus.values)
 InFlightState = one_of(inflight.BY_KEY)
 ToolKind = Literal["read", "write", "hybrid"]
+
+
+#: A run's labels as a request member: what agentrun.labels enforces, for the document.
+LABELS_SCHEMA: dict[str, Any] = {
+    "maxProperties": run_labels.MAX_LABELS,
+    "propertyNames": {
+        "pattern": run_labels.KEY_PATTERN,
+        "maxLength": run_labels.KEY_MAX_LENGTH,
+        "not": {"enum": list(run_labels.RESERVED_KEYS)},
+    },
+    "additionalProperties": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": run_labels.VALUE_MAX_LENGTH,
+        "pattern": run_labels.VALUE_PATTERN,
+    },
+}
 
 
 class Request(BaseModel):
@@ -86,6 +104,16 @@ class CreateRun(Request):
     ]
     input: dict[str, Any] = Field(
         description="The agent's input; validated by the agent. " + STORABLE_JSON
+    )
+    labels: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Free-form labels to find the run by (`GET /api/runs?label=key=value`), "
+        f"at most {run_labels.MAX_LABELS}: keys of 1-{run_labels.KEY_MAX_LENGTH} letters, "
+        "digits and `. _ - /` that start and end with a letter or digit; values of "
+        f"1-{run_labels.VALUE_MAX_LENGTH} characters, no control characters, no space at "
+        f"either end. `{run_labels.FORKED_FROM}` is reserved (forks get it).",
+        # Checked by agentrun.labels, which says what is wrong in its own words.
+        json_schema_extra=LABELS_SCHEMA,
     )
 
 
@@ -145,6 +173,12 @@ class Fork(Request):
         description="Required for a live fork when the parent made write/hybrid calls after "
         "the fork point (see side-effects).",
     )
+    labels: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Labels for the fork besides those it inherits from its parent (the same "
+        f"rules as a new run's); it also gets `{run_labels.FORKED_FROM}`: the parent's short id.",
+        json_schema_extra=LABELS_SCHEMA,
+    )
 
 
 # --- responses -------------------------------------------------------------------------
@@ -195,6 +229,22 @@ class RunSummary(Response):
     final_answer: str
     tokens_in: int
     tokens_out: int
+    labels: dict[str, str] = Field(
+        description="The run's labels, by key. A fork has its parent's, and "
+        f"`{run_labels.FORKED_FROM}`: the parent's id, its first 8 characters."
+    )
+    # g-retention: pins and retention.
+    pin: Pin | None = Field(description="Set while the run is pinned (kept from retention).")
+    purged_at: datetime | None = Field(
+        description="When retention purged the run's steps, snapshots and read calls; its "
+        "events and write/hybrid calls (with their steps) stay."
+    )
+    purge_after: datetime | None = Field(
+        description="A finished, unpinned run: when retention may purge it, at the "
+        "earliest (a pinned fork ancestor or descendant keeps it longer). Null when "
+        "it is active, pinned, purged, or retention is off."
+    )
+    # h-export: a run imported from an archive.
     imported_at: datetime | None = Field(
         default=None,
         description="When the run was imported from an archive: it is read-only here.",
@@ -236,7 +286,15 @@ class Step(Response):
 
 
 class RunDetail(RunSummary):
+    input: dict[str, Any] = Field(
+        description="The run's input as it was given (a fork: its parent's), with secrets "
+        "redacted: values of secret-named keys (api_key, password, token...) and "
+        "credentials found in text are `[REDACTED]`, as in every state the API shows."
+    )
     steps: list[Step]
+    kept_by: UUID | None = Field(
+        description="A pinned fork ancestor or descendant that keeps this run from retention."
+    )
 
 
 class RunList(Response):
@@ -378,6 +436,40 @@ class InFlight(Response):
 
 #: Every member a fork request may have.
 FORK_FIELDS = tuple(Fork.model_fields)
+
+
+# --- pins (g-retention) ---------------------------------------------------------------
+
+#: A reason with something besides blanks (services.BLANK) and no NUL.
+PIN_REASON_PATTERN = r"^[^\u0000]*[^\u0000 \t\n\r\f\v][^\u0000]*$"
+
+
+class Pin(Response):
+    at: datetime
+    by: str | None = Field(description="The operator who pinned it (a username).")
+    reason: str
+
+
+class PinRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "incident #123"}]})
+
+    reason: Annotated[
+        str,
+        StringConstraints(pattern=PIN_REASON_PATTERN, min_length=1, max_length=PIN_REASON_MAX),
+    ] = Field(description="Why the run is kept, e.g. the incident; recorded in the audit trail.")
+
+
+class UnpinRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "incident closed"}]})
+
+    reason: Annotated[Text, StringConstraints(max_length=PIN_REASON_MAX)] = Field(
+        "", description="Why; recorded in the audit trail."
+    )
+
+
+# RunSummary names Pin before it is defined (above, to keep this block together).
+for _model in (RunSummary, RunDetail, RunList):
+    _model.model_rebuild()
 
 
 # --- export and import (agentrun.archive) ----------------------------------------------

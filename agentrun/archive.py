@@ -38,6 +38,7 @@ from agentrun.models import (
     CompressedJSONField,
     Event,
     Run,
+    RunLabel,
     Snapshot,
     SnapshotKind,
     Step,
@@ -80,6 +81,12 @@ _RUN_SKIP = {
     "updated_at",
     "imported_at",
     "imported",
+    # This deployment's retention of the run, not part of its record.
+    "pinned_at",
+    "pinned_by",
+    "pin_reason",
+    "purged_at",
+    "purge_done",
 }
 RUN_FIELDS = [f for f in Run._meta.concrete_fields if f.name not in _RUN_SKIP]
 SNAPSHOT_FIELDS = [f for f in Snapshot._meta.concrete_fields if f.name not in ("id", "run")]
@@ -225,6 +232,7 @@ def _run_record(run: Run, included: set[Any]) -> dict[str, Any]:
         "parent_in_archive": run.parent_id in included,
         "forked_from": _source(run),
         "created_by": _creator(run),
+        "labels": dict(RunLabel.objects.filter(run=run).values_list("key", "value")),
         **_fields(run, RUN_FIELDS),
     }
 
@@ -315,6 +323,16 @@ def export_chunks(run: Run, *, ancestors: bool = False, user: Any = None) -> Ite
                 pending, size = [], 0
     pending.append(gz.flush())
     yield b"".join(pending)
+
+
+def export_problem(run: Run) -> str | None:
+    """Why the run can't be exported whole, if it can't."""
+    if getattr(run, "purged_at", None) is not None:
+        return (
+            f"run {run.pk} was purged by retention: its steps and snapshots are gone, "
+            "so it can't be exported"
+        )
+    return None
 
 
 def filename(run: Run) -> str:
@@ -682,6 +700,12 @@ class _Checker:
             seq = _source_seq(source, where)
             if (parent, seq) not in self.sources:
                 raise ArchiveError(f"{where}: its fork source is not in its parent's snapshots")
+        labels = record.get("labels", {})
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 63 and len(v) <= 200
+            for k, v in labels.items()
+        ):
+            raise ArchiveError(f"{where}: labels must map keys to values (text)")
         run.record = record
         self.current = run
         for other in self.manifest["runs"]:
@@ -857,6 +881,9 @@ class _Writer:
             "lineage": [n for n in manifest.get("lineage") or [] if isinstance(n, dict)],
         }
         run.save(force_insert=True)
+        RunLabel.objects.bulk_create(
+            RunLabel(run=run, key=k, value=v) for k, v in (record.get("labels") or {}).items()
+        )
         return run
 
 

@@ -35,3 +35,7 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    # A folder needs no host: without this default, kombu warns "No hostname was
+    # supplied" for every `filesystem://` connection (twice at each worker start).
+    default_connection_params = {"port": None, "hostname": None}

@@ -102,6 +102,17 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Retention (agentrun.retention): a pinned run, its fork ancestors and descendants
+    # are never purged. A purged run keeps this row, its events and its side-effecting
+    # tool calls; purged_at is set when the purge takes the run, purge_done when its
+    # steps, snapshots and read calls are all gone.
+    pinned_at = models.DateTimeField(null=True, blank=True)
+    pinned_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    pin_reason = models.TextField(blank=True)
+    purged_at = models.DateTimeField(null=True, blank=True)
+    purge_done = models.BooleanField(default=False)
     # Imported from an archive (agentrun.archive): read-only here, never resumed or
     # reconciled; `imported` says from where (source, exporter, archive digest, lineage).
     imported_at = models.DateTimeField(null=True, blank=True)
@@ -119,6 +130,25 @@ class Run(models.Model):
             # table's fillfactor (migration 0007) leaves room on the page for them.
             models.Index(fields=["status", "-created_at"], name="run_status_created"),
             models.Index(fields=["agent", "-created_at"], name="run_agent_created"),
+            # The purge's candidates: finished, not purged, not pinned, oldest first. Each
+            # column in it changes once in a run's life, so step updates stay HOT.
+            models.Index(
+                fields=["finished_at"],
+                condition=Q(
+                    finished_at__isnull=False, purged_at__isnull=True, pinned_at__isnull=True
+                ),
+                name="run_purge_candidates",
+            ),
+            # The run list's pinned filter (?pinned=1), newest first.
+            models.Index(
+                fields=["-created_at"], condition=Q(pinned_at__isnull=False), name="run_pinned"
+            ),
+            # A purge interrupted half-way: the next pass finishes it.
+            models.Index(
+                fields=["purged_at"],
+                condition=Q(purged_at__isnull=False, purge_done=False),
+                name="run_purging",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -143,6 +173,14 @@ class Run(models.Model):
         return info
 
     @property
+    def is_pinned(self) -> bool:
+        return self.pinned_at is not None
+
+    @property
+    def is_purged(self) -> bool:
+        return self.purged_at is not None
+
+    @property
     def is_fork(self) -> bool:
         return self.parent_id is not None
 
@@ -165,6 +203,29 @@ class Run(models.Model):
             seen.add(parent.pk)
             chain.insert(0, parent)
         return chain
+
+
+class RunLabel(models.Model):
+    """One `key=value` label of a run (agentrun.labels holds the rules). Set at the start."""
+
+    # No index of its own: runlabel_run_key starts with run.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="labels", db_index=False)
+    key = models.CharField(max_length=63)
+    value = models.CharField(max_length=200)
+
+    class Meta:
+        ordering = ["run", "key"]
+        constraints = [
+            # A run has each key once; also the way from a run to its labels (the pages).
+            models.UniqueConstraint(fields=["run", "key"], name="runlabel_run_key"),
+        ]
+        indexes = [
+            # The run list's ?label=key=value (and ?label=key): the runs with that label.
+            models.Index(fields=["key", "value"], name="runlabel_key_value"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}"
 
 
 class StepStatus(models.TextChoices):
@@ -206,6 +267,11 @@ class Step(models.Model):
     class Meta:
         ordering = ["run", "number"]
         constraints = [models.UniqueConstraint(fields=["run", "number"], name="step_run_number")]
+        indexes = [
+            # The run list's "succeeded after retries": does a run have a step that crashed?
+            # Holds the few crashed steps only; a step's usual updates leave it alone.
+            models.Index(fields=["run"], condition=Q(crashes__gt=0), name="step_crashed"),
+        ]
 
     def __str__(self) -> str:
         return f"step {self.number} of {self.run_id}"
@@ -408,6 +474,10 @@ class ToolCall(models.Model):
         return f"{self.tool} {self.idempotency_key}"
 
 
+#: Events that mean a step was tried again: a backoff after an error, or a crash.
+RETRY_EVENTS = ("retry_scheduled", "step_crashed")
+
+
 class Event(models.Model):
     """Append-only log of what the system and the operators did.
 
@@ -450,6 +520,9 @@ class Event(models.Model):
                 fields=["-created_at"], condition=Q(user__isnull=False), name="event_actions"
             ),
             models.Index(fields=["run", "created_at"], name="event_run_created"),
+            # The run list's "succeeded after retries": did a run back off or crash? Holds
+            # those events only, not the one or more events of every step.
+            models.Index(fields=["run"], condition=Q(kind__in=RETRY_EVENTS), name="event_retries"),
         ]
 
     def __str__(self) -> str:
@@ -474,6 +547,9 @@ class ApiToken(models.Model):
     prefix = models.CharField(max_length=12)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API token"
 
     def __str__(self) -> str:
         return f"{self.prefix}… for {self.user}"
@@ -500,6 +576,9 @@ class LedgerEntry(models.Model):
     account = models.CharField(max_length=200)
     amount = models.DecimalField(max_digits=18, decimal_places=4)
     created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name_plural = "ledger entries"
 
     def __str__(self) -> str:
         return f"{self.account} {self.amount}"

@@ -10,6 +10,7 @@ and acts on them. Celery beat runs it every AGENTRUN_RECONCILE_EVERY seconds;
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from django.conf import settings
@@ -18,6 +19,8 @@ from django.utils import timezone
 
 from agentrun.engine import compensate_run, enqueue
 from agentrun.models import Run, RunStatus, ToolCall, ToolCallStatus, WaitReason
+
+log = logging.getLogger(__name__)
 
 
 def reconcile_once(grace_seconds: float | None = None) -> dict[str, int]:
@@ -51,4 +54,11 @@ def reconcile_once(grace_seconds: float | None = None) -> dict[str, int]:
     )
     for run in Run.objects.filter(pk__in=list(to_undo)):
         compensated += compensate_run(run)
+    # A pass that did nothing is routine (every few seconds): DEBUG, not INFO.
+    log.log(
+        logging.INFO if enqueued or compensated else logging.DEBUG,
+        "reconciler: re-enqueued %d run(s), compensated %d call(s)",
+        enqueued,
+        compensated,
+    )
     return {"enqueued": enqueued, "compensated": compensated}

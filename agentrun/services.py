@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentrun import engine, storable
+from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.engine import compensate_run, enqueue
 from agentrun.events import record_event
@@ -43,8 +44,13 @@ def refuse_if_imported(run: Run) -> None:
         )
 
 
-def start_run(agent_name: Any, input: Any, *, user: Any = None) -> Run:
-    """Validate and create a queued run, then wake a worker for its first step."""
+def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = None) -> Run:
+    """Validate and create a queued run, then wake a worker for its first step.
+
+    `labels` ({"key": "value"}, see agentrun.labels) are checked first: bad ones raise
+    InvalidLabels (an InvalidInput) and nothing is stored.
+    """
+    labels = run_labels.check(labels)
     if not isinstance(agent_name, str) or not agent_name:
         raise InvalidInput("agent must be a non-empty string")
     agent = get_agent(agent_name)
@@ -70,6 +76,7 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None) -> Run:
             input=stored,
             created_by=user,
         )
+        run_labels.store(run, labels)
         snap, node = snapshots.build(run.pk, run.next_step, "pre", state, None, None)
         snap.save()
         record_event("run_created", run=run, user=user, payload={"agent": agent.name})
@@ -187,7 +194,8 @@ def decide_approval(
         if run.wait_reason == WaitReason.IN_DOUBT and decision == "reject":
             tc.requires_approval = True  # the engine fails the run on a rejected call
         tc.save(update_fields=["approval", "status", "requires_approval"])
-        run.steps.filter(number=run.next_step).update(status=StepStatus.RUNNING)
+        # Not "running": the next claim is an attempt, not a crash noticed.
+        run.steps.filter(number=run.next_step).update(status=StepStatus.WAITING)
         record_event(
             "approved" if decision == "approve" else "rejected",
             run=run,
@@ -208,12 +216,42 @@ def decide_approval(
 class ForkError(ValueError):
     """A fork request that can't be honoured; `field` names the bad input."""
 
-    def __init__(self, message: str, field: str = ""):
+    def __init__(self, message: str, field: str = "", path: str | None = None):
         super().__init__(message)
         self.field = field
+        self.path = path  # where in an edited state, when the schema says
 
 
 FORK_MODES = ("sandbox", "recorded", "live")
+
+
+def check_fork_state(agent: Any, state: Any) -> None:
+    """Raise ForkError unless `state` may be a fork's edited state of `agent`'s runs:
+    storable, not too large, and valid for the agent's schema (what fork_run checks)."""
+    problem = storable.shape_problem(
+        state, depth=storable.max_depth(state=True), text=True, what="state"
+    )
+    if problem:
+        raise ForkError(problem, "state")
+    size = len(json.dumps(state, default=str).encode())
+    if size > settings.AGENTRUN_MAX_INPUT_BYTES * 8:
+        raise ForkError(f"state is {size} bytes; too large", "state")
+    try:
+        agent.validate_state(state)
+    except ValueError as exc:
+        raise ForkError(f"state: {exc}", "state", getattr(exc, "path", None)) from None
+
+
+def check_fork_phase(state: Any) -> None:
+    """Raise ForkError if a fork from `state` would have nothing to run."""
+    phase = state.get("phase") if isinstance(state, dict) else None
+    if phase in ("done", "error"):
+        raise ForkError(
+            f"the state's phase is {phase!r}: nothing would run. Fork from an earlier "
+            "snapshot (e.g. the pre snapshot of that step) or edit the phase",
+            "state",
+            "phase",
+        )
 
 
 def side_effects_after(run: Run, step: int, at: str) -> list[ToolCall]:
@@ -236,12 +274,14 @@ def fork_run(
     reason: Any = "",
     user: Any = None,
     confirm_live: bool = False,
+    labels: Any = None,
 ) -> Run:
     """Start a new run from the (step, at) snapshot of `run`, optionally with an edited state.
 
     The fork links to its parent and source snapshot, numbers its steps on from
     the fork point, and never changes the parent. Raises ForkError (nothing
-    stored) on a bad request.
+    stored) on a bad request. The fork has its parent's labels, `labels` (checked
+    like a new run's) and forked-from=<the parent's short id>.
     """
     from agentrun import delta, snapshots
     from agentrun.models import Snapshot
@@ -256,6 +296,20 @@ def fork_run(
         raise ForkError(f"mode must be one of {', '.join(FORK_MODES)}", "mode")
     if not isinstance(reason, str):
         raise ForkError("reason must be a string", "reason")
+    if run.purged_at is not None:
+        raise ForkError(_purged(run))
+    try:
+        fork_labels = run_labels.for_fork(
+            {**run_labels.of(run), **run_labels.check(labels)}, run.pk
+        )
+    except run_labels.InvalidLabels as exc:
+        raise ForkError(str(exc), "labels") from None
+    if len(fork_labels) > run_labels.MAX_LABELS + 1:  # its own, and forked-from
+        raise ForkError(
+            f"the fork would have {len(fork_labels) - 1} labels besides "
+            f"{run_labels.FORKED_FROM}; a run has at most {run_labels.MAX_LABELS}",
+            "labels",
+        )
     source = Snapshot.objects.filter(run=run, seq=Snapshot.seq_for(step, at)).first()
     if source is None:
         last = run.steps.order_by("-number").values_list("number", flat=True).first()
@@ -265,30 +319,19 @@ def fork_run(
     source_state = snapshots.load_state(source)
     new_state = source_state if state is None else state
     if state is not None:
-        problem = storable.shape_problem(
-            state, depth=storable.max_depth(state=True), text=True, what="state"
-        )
-        if problem:
-            raise ForkError(problem, "state")
-        size = len(json.dumps(state, default=str).encode())
-        if size > settings.AGENTRUN_MAX_INPUT_BYTES * 8:
-            raise ForkError(f"state is {size} bytes; too large", "state")
-        try:
-            agent.validate_state(state)
-        except ValueError as exc:
-            raise ForkError(f"state: {exc}", "state") from None
+        check_fork_state(agent, state)
+    check_fork_phase(new_state)
     phase = new_state.get("phase") if isinstance(new_state, dict) else None
-    if phase in ("done", "error"):
-        raise ForkError(
-            f"the state's phase is {phase!r}: nothing would run. Fork from an earlier "
-            "snapshot (e.g. the pre snapshot of that step) or edit the phase",
-            "state",
-        )
     if mode == "live" and not confirm_live and side_effects_after(run, step, at):
         raise ForkError("a live fork runs write/hybrid tools for real: confirm it", "confirm_live")
     first = step if at == "pre" else step + 1
     edits = delta.diff(source_state, new_state) if state is not None else []
     with transaction.atomic():
+        # Retention takes a run with a conditional UPDATE of its row: with the row locked
+        # here, either the purge sees this fork (and keeps the run) or this sees the purge.
+        locked = Run.objects.select_for_update(no_key=True).filter(pk=run.pk)
+        if locked.values_list("purged_at", flat=True).first() is not None:
+            raise ForkError(_purged(run))
         fork = Run.objects.create(
             agent=run.agent,
             agent_version=agent.version,
@@ -301,6 +344,7 @@ def fork_run(
             next_step=first,
             phase=str(phase or ""),
         )
+        run_labels.store(fork, fork_labels)
         # A reference to the source (plus the edits), not a copy of the whole state.
         snap, node = snapshots.fork(fork.pk, first, source, source_state, new_state, edits)
         snap.save()
@@ -324,3 +368,80 @@ def fork_run(
     # An in-process executor (and a worker sharing this process) starts warm.
     engine.remember_state(fork.pk, snap, new_state, node)
     return fork
+
+
+# --- pins (g-retention) ----------------------------------------------------------------
+
+
+def _purged(run: Run) -> str:
+    return "the run was purged by retention: its snapshots are gone (its audit trail stays)"
+
+
+#: What a pin's reason may not be only made of (the API's pattern says the same).
+BLANK = " \t\n\r\f\v"
+PIN_REASON_MAX = 2000
+
+
+class PinError(ValueError):
+    """A pin request with bad input (no reason, too long): nothing changed."""
+
+
+def _pin_reason(reason: Any) -> str:
+    if not isinstance(reason, str) or not reason.strip(BLANK):
+        raise PinError("a pin needs a reason, e.g. the incident it is kept for")
+    if len(reason) > PIN_REASON_MAX:
+        raise PinError(f"the reason is {len(reason)} characters; at most {PIN_REASON_MAX}")
+    problem = storable.shape_problem(reason, text=True, what="reason")
+    if problem:
+        raise PinError(problem)
+    return reason.strip(BLANK)
+
+
+def pin_run(run: Run, *, user: Any, reason: Any) -> Run:
+    """Keep a run from retention, with its fork ancestors and descendants ("incident #123").
+
+    Pinning a pinned run changes its reason. Refused (ActionError) once the run is purged.
+    """
+    reason = _pin_reason(reason)
+    now = timezone.now()
+    with transaction.atomic():
+        # Conditional: a purge that took the run first wins, and this one says so.
+        pinned = Run.objects.filter(pk=run.pk, purged_at__isnull=True).update(
+            pinned_at=run.pinned_at or now, pinned_by=user, pin_reason=reason, updated_at=now
+        )
+        if not pinned:
+            raise ActionError("the run was purged by retention: there is nothing left to keep")
+        record_event(
+            "run_pinned",
+            run=run,
+            user=user,
+            reason=reason,
+            payload={"repinned": run.pinned_at is not None},
+        )
+    run.refresh_from_db()
+    return run
+
+
+def unpin_run(run: Run, *, user: Any, reason: Any = "") -> Run:
+    """Let retention purge the run again when its time comes (ActionError if not pinned)."""
+    if not isinstance(reason, str) or len(reason) > PIN_REASON_MAX:
+        raise PinError(f"the reason must be text of at most {PIN_REASON_MAX} characters")
+    problem = storable.shape_problem(reason, text=True, what="reason")
+    if problem:
+        raise PinError(problem)
+    now = timezone.now()
+    with transaction.atomic():
+        unpinned = Run.objects.filter(pk=run.pk, pinned_at__isnull=False).update(
+            pinned_at=None, pinned_by=None, pin_reason="", updated_at=now
+        )
+        if not unpinned:
+            raise ActionError("the run is not pinned")
+        record_event(
+            "run_unpinned",
+            run=run,
+            user=user,
+            reason=reason.strip(BLANK),
+            payload={"was": run.pin_reason},
+        )
+    run.refresh_from_db()
+    return run

@@ -237,6 +237,18 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "agentrun.reconcile", "schedule": AGENTRUN_RECONCILE_EVERY},
 }
 
+# --- retention (g-retention) -------------------------------------------------
+# Finished runs' steps, snapshots and read calls are purged this many days after they
+# finished (pinned runs and their fork lineage excepted); 0 keeps everything forever.
+AGENTRUN_RETENTION_DAYS = env_float("AGENTRUN_RETENTION_DAYS", 30.0)
+if AGENTRUN_RETENTION_DAYS < 0:
+    raise ValueError("AGENTRUN_RETENTION_DAYS must be 0 (keep forever) or more")
+# Seconds between purge passes (beat); see agentrun.retention.pass_budget for how long one works.
+AGENTRUN_PURGE_EVERY = env_float("AGENTRUN_PURGE_EVERY", 3600.0)
+# Rows one purge statement deletes (each its own short transaction).
+AGENTRUN_PURGE_BATCH = env_int("AGENTRUN_PURGE_BATCH", 1000)
+CELERY_BEAT_SCHEDULE["purge"] = {"task": "agentrun.purge", "schedule": AGENTRUN_PURGE_EVERY}
+
 # --- agentrun runtime --------------------------------------------------------
 # A claimed step is owned for this long; a worker that dies is replaced after it.
 AGENTRUN_LEASE_SECONDS = env_float("AGENTRUN_LEASE_SECONDS", 60.0)
@@ -284,7 +296,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Celery's lines about each reconciler pass are DEBUG (agentrun/logs.py).
+    "filters": {"quiet_routine_tasks": {"()": "agentrun.logs.QuietRoutineTasks"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["quiet_routine_tasks"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

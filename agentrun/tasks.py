@@ -14,3 +14,10 @@ def execute_step_task(run_id: str, step: int) -> str:
 @shared_task(name="agentrun.reconcile")
 def reconcile_task() -> dict:
     return reconcile.reconcile_once()
+
+
+@shared_task(name="agentrun.purge")
+def purge_task() -> dict:
+    from agentrun import retention
+
+    return retention.run_pass()

@@ -173,6 +173,32 @@ def insert_list_runs(count: int) -> None:
     )
 
 
+def insert_list_labels() -> None:
+    """b-labels: three labels per list run (one of 10 stories, 1 of 100 customers, the agent),
+    and a retry event on every 7th run, for the label filter and the "retried" mark."""
+    from agentrun.models import Event, RunLabel
+
+    if RunLabel.objects.filter(key="story", run__agent__startswith="list-").exists():
+        return
+    ids = list(Run.objects.filter(agent__startswith="list-").values_list("pk", flat=True))
+    RunLabel.objects.bulk_create(
+        [
+            RunLabel(run_id=pk, key=key, value=value)
+            for i, pk in enumerate(ids)
+            for key, value in (
+                ("story", f"story-{i % 10}"),
+                ("customer", f"c{i % 100}"),
+                ("team", "bench"),
+            )
+        ],
+        batch_size=2000,
+    )
+    Event.objects.bulk_create(
+        [Event(run_id=pk, kind="retry_scheduled", actor="system", step=1) for pk in ids[::7]],
+        batch_size=2000,
+    )
+
+
 def timed(label: str, fn: Any, repeat: int = REPEAT) -> float:
     with CaptureQueriesContext(connection) as queries:
         fn()  # warm caches (templates, imports)
@@ -238,6 +264,15 @@ def main() -> None:
     timed(f"run list, page 100 of {runs:,} runs", get(client, "/?page=100"))
     timed("run list, failed runs only", get(client, "/?status=failed"))
     timed("run list refresh (htmx rows)", get(client, "/?v=x", HTTP_HX_TARGET="run-rows", **hx))
+    insert_list_labels()
+    timed("run list, one customer's runs (?label=customer=c7)", get(client, "/?label=customer=c7"))
+    timed(
+        "run list, a tenth of the runs (?label=story=story-3)", get(client, "/?label=story=story-3")
+    )
+    timed(
+        "run list, two labels (story-3 and customer c3)",
+        get(client, "/?label=story=story-3&label=customer=c3"),
+    )
     timed(
         f"snapshot page, post of step {STEPS} (2.5 MB state)",
         get(client, f"/runs/{r}/steps/{STEPS}/post/"),

@@ -11,7 +11,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
+from agentrun import services
+from agentrun.agents import InvalidInput, get_agent
+from agentrun.delta import state_hash
 from agentrun.models import Event, Run, Snapshot
+from debugger.diffs import StateDiff, diff_states
+from debugger.forms import ForkStateForm
+from debugger.states import load_states
 
 CHILDREN = 50  # forks listed per run in the tree; more are counted, not listed
 
@@ -100,3 +108,57 @@ def fork_event(run: Run) -> Event | None:
 def state_text(state: Any) -> str:
     """The state as the fork form's editor shows it: pretty JSON, keys in their order."""
     return json.dumps(state, indent=2, ensure_ascii=False)
+
+
+# --- the fork page's live check of an edited state ----------------------------------------
+
+
+@dataclass
+class StateCheck:
+    """What the fork page says about an edited state while it is being edited.
+
+    `errors` are what forking with it would refuse; `diff` is the snapshot → edited
+    state diff the fork would start from (None when the text is no JSON to compare).
+    """
+
+    errors: list[str] = field(default_factory=list)
+    diff: StateDiff | None = None
+    checked: bool = True  # False: only the diff is known (the page without the live check)
+    error_path: str | None = None  # the part of the state an error is about, if known
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+    @property
+    def unchanged(self) -> bool:
+        return self.diff is not None and self.diff.identical
+
+
+def check_state(run: Run, source: Snapshot, text: str | None) -> StateCheck:
+    """The checks a fork from `source` makes of the edited state `text`, without forking."""
+    form = ForkStateForm({"state": text})
+    if not form.is_valid():
+        return StateCheck(errors=[str(e) for e in form.errors["state"]])
+    state = form.cleaned_data["state"]
+    [original] = load_states([source])
+    check = StateCheck(diff=diff_states(original, state, source.size))
+    try:
+        if state_hash(state) != source.hash:
+            services.check_fork_state(get_agent(run.agent), state)
+        services.check_fork_phase(state)
+    except services.ForkError as exc:
+        check.errors.append(_sentence(str(exc).removeprefix("state: ")))
+        check.error_path = exc.path
+    except InvalidInput as exc:  # the run's agent is not registered in this deployment
+        check.errors.append(_sentence(f"Can't fork this run: {exc}"))
+    return check
+
+
+def upload_limit() -> int:
+    """Bytes a form post may carry (the page's script won't send a larger state to check)."""
+    return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0)
+
+
+def _sentence(text: str) -> str:
+    return text if text.endswith(".") else f"{text}."

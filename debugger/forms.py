@@ -8,6 +8,7 @@ from django import forms
 from django.db.models import Q, QuerySet
 
 from agentrun import inflight
+from agentrun import labels as run_labels
 from agentrun.models import Event, Run, RunStatus, ToolCall
 from agentrun.storable import check_storable
 from debugger.diffs import SnapshotRef, SpecError
@@ -49,6 +50,10 @@ class RunFilterForm(DateRangeMixin):
         required=False, choices=[("", "any status"), ("active", "active"), *RunStatus.choices]
     )
     agent = forms.ChoiceField(required=False, choices=[])
+    # Repeatable (?label=a=b&label=c): every one must match. The page draws its own input.
+    label = forms.CharField(required=False, label="Label")
+    # g-retention: ?pinned=1, the runs kept from retention.
+    pinned = forms.BooleanField(required=False, label="Pinned only")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -68,7 +73,23 @@ class RunFilterForm(DateRangeMixin):
         runs = runs.filter(self.date_q("created_at"))
         if data["q"]:
             runs = runs.filter(_search_q(data["q"].strip()))
-        return runs
+        if data.get("pinned"):
+            runs = runs.filter(pinned_at__isnull=False)
+        return run_labels.filter_runs(runs, data["label"])
+
+    def clean_label(self) -> list[str]:
+        """Every ?label= of the query (blank ones ignored), each `key=value` or `key`."""
+        given = self.data.getlist("label") if hasattr(self.data, "getlist") else []
+        found: list[str] = []
+        for text in (t.strip() for t in given):
+            if not text or text in found:
+                continue
+            try:
+                run_labels.parse_filter(text)
+            except run_labels.InvalidLabels as exc:
+                raise forms.ValidationError(str(exc)) from None
+            found.append(text)
+        return found
 
 
 def _search_q(text: str) -> Q:
@@ -245,7 +266,27 @@ FORK_MODES = (
 )
 
 
-class ForkForm(forms.Form):
+class ForkStateForm(forms.Form):
+    """The fork form's state alone: what the page's live check validates."""
+
+    state = forms.CharField(
+        strip=False,
+        error_messages={
+            "required": "The state can't be empty: leave the snapshot's state as it is "
+            "to replay it unchanged."
+        },
+    )
+
+    def clean_state(self) -> Any:
+        state = parse_json(self.cleaned_data["state"])
+        try:
+            check_storable(state, "the state")
+        except ValueError as exc:
+            raise forms.ValidationError(f"{exc}.", code="text") from None
+        return state
+
+
+class ForkForm(ForkStateForm):
     mode = forms.ChoiceField(
         choices=[(value, name) for value, name, _ in FORK_MODES],
         initial="sandbox",
@@ -255,22 +296,7 @@ class ForkForm(forms.Form):
         },
     )
     reason = forms.CharField(required=False, max_length=2000)
-    state = forms.CharField(
-        strip=False,
-        error_messages={
-            "required": "The state can't be empty: leave the snapshot's state as it is "
-            "to replay it unchanged."
-        },
-    )
     confirm_live = forms.BooleanField(required=False)
-
-    def clean_state(self) -> Any:
-        state = parse_json(self.cleaned_data["state"])
-        try:
-            check_storable(state, "the state")
-        except ValueError as exc:
-            raise forms.ValidationError(f"{exc}.", code="text") from None
-        return state
 
 
 def _no_constant(name: str) -> Any:
@@ -291,3 +317,13 @@ def parse_json(text: str) -> Any:
         raise forms.ValidationError(f"Invalid JSON: {exc}.", code="json") from None
     except RecursionError:
         raise forms.ValidationError("Invalid JSON: nested too deeply.", code="json") from None
+
+
+# --- pins (g-retention) --------------------------------------------------------------
+
+
+class PinForm(forms.Form):
+    reason = forms.CharField(
+        max_length=2000,
+        error_messages={"required": "a pin needs a reason, e.g. the incident it is kept for"},
+    )

@@ -31,13 +31,22 @@ urlpatterns = [
     path("runs/<uuid:run_id>/steps/<int:number>/<at:at>/", views.snapshot, name="snapshot"),
     path("runs/<uuid:run_id>/steps/<int:number>/<at:at>/fork/", views.fork, name="run-fork"),
     path(
+        "runs/<uuid:run_id>/steps/<int:number>/<at:at>/fork/check/",
+        views.fork_check,
+        name="run-fork-check",
+    ),
+    path(
         "runs/<uuid:run_id>/steps/<int:number>/<at:at>.json",
         views.snapshot_json,
         name="snapshot-json",
     ),
+    path("runs/<uuid:run_id>/input.json", views.run_input_json, name="run-input-json"),
     path("runs/<uuid:run_id>/export/", views.run_export, name="run-export"),
     path("now/", views.now, name="now"),
     path("diff/", views.diff_any, name="diff"),
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit-csv"),
+    # g-retention
+    path("runs/<uuid:run_id>/pin/", views.pin_run, name="run-pin"),
+    path("runs/<uuid:run_id>/unpin/", views.unpin_run, name="run-unpin"),
 ]

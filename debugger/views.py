@@ -6,12 +6,16 @@ from typing import Any
 
 from django.contrib import messages
 from django.core.paginator import Paginator
+from django.db.models import BooleanField, Exists, OuterRef, QuerySet
+from django.db.models.expressions import RawSQL
+from django.db.models.fields.json import KeyTextTransform
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
+from django.utils.safestring import SafeString
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_htmx.middleware import HtmxDetails
@@ -19,7 +23,8 @@ from django_htmx.middleware import HtmxDetails
 from agentrun import inflight, services
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.delta import state_hash
-from agentrun.models import Run, Snapshot, Step
+from agentrun.models import RETRY_EVENTS, Event, Run, Snapshot, Step
+from agentrun.redact import redact
 from debugger import audit as audit_log
 from debugger import charts, compare, forks, timeline
 from debugger.access import abilities, get_run_for, role_required
@@ -32,6 +37,7 @@ from debugger.forms import (
     DiffForm,
     ForkForm,
     NowFilterForm,
+    PinForm,
     RunFilterForm,
 )
 from debugger.jsontree import (
@@ -81,8 +87,9 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         response = render(request, "debugger/_inflight_counts.html", counts)
         return _stop_polling_unless(bool(counts["inflight_total"]), response)
     form = RunFilterForm(request.GET)
-    runs = form.filter(Run.objects.select_related("created_by"))
+    runs = run_rows(form.filter(Run.objects.select_related("created_by")))
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    page.object_list = with_row_facts(list(page.object_list))
     token = hashlib.sha256(
         "|".join(f"{r.pk}:{r.updated_at.timestamp()}" for r in page).encode()
     ).hexdigest()[:16]
@@ -94,6 +101,7 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         "page": page,
         "active": active,
         "poll_url": f"{request.path}?{query.urlencode()}",
+        "label_filters": form.cleaned_data["label"] if form.is_valid() else [],
         **abilities(request),
     }
     if _fragment(request, "run-rows"):
@@ -139,6 +147,8 @@ def now(request: HtmxHttpRequest) -> HttpResponse:
 @role_required
 def run_detail(request: HtmxHttpRequest, run_id: Any, number: int | None = None) -> HttpResponse:
     run = get_run_for(request, run_id)
+    if run.purged_at is not None:
+        return purged_run(request, run, number)
     if number is not None and _fragment(request, "step-body"):
         step = get_object_or_404(Step, run=run, number=number)
         if request.GET.get("v") == timeline.version(run) and run.is_active:
@@ -515,6 +525,7 @@ def _fork_page(
 ) -> HttpResponse:
     """The form: a new one prefilled with the snapshot's state, or a posted one."""
     changes: StateDiff | None = None
+    check: forks.StateCheck | None = None
     if form is None and source is not None:
         [state] = load_states([source])
         form = ForkForm(initial={"mode": "sandbox", "state": forks.state_text(state)})
@@ -522,6 +533,8 @@ def _fork_page(
         [original] = load_states([source])
         changes = diff_states(original, edited, source.size)
     assert form is not None  # a GET without a snapshot is a 404 before this
+    if changes is not None or (form.is_bound and not form.errors and edited is None):
+        check = forks.StateCheck(diff=changes or StateDiff([]), checked=False)
     mode = form["mode"].value() or "sandbox"
     context = {
         "run": run,
@@ -538,6 +551,8 @@ def _fork_page(
         # The script may leave the state out of the next post while it is the snapshot's.
         "pristine": not form.is_bound or ("state" not in form.errors and edited is None),
         "view": "edit",
+        "check": check,
+        "max_bytes": forks.upload_limit(),
         **abilities(request),
     }
     return render(request, "debugger/fork.html", context, status=status)
@@ -559,6 +574,11 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
             context["with_error"] = str(exc)
     elif run.parent_id:
         other = run.parent
+    if run.purged_at is not None:
+        return purged_run(request, run, None)
+    if other is not None and other.purged_at is not None:  # g-retention
+        context["with_error"] = f"run {other.pk} was purged by retention: no states to compare"
+        other = None
     if other is None:
         context["fork_tree"] = forks.tree(run)
         status = 400 if "with_error" in context else 200
@@ -633,14 +653,146 @@ def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
     return response
 
 
+# --- the fork page's live check of the edited state (c-forkeditor) -------------------------
+
+
+@role_required
+@require_POST
+def fork_check(request: HttpRequest, run_id: Any, number: int, at: str) -> HttpResponse:
+    """The edited state checked as a fork would check it, and its diff: a fragment."""
+    run = get_run_for(request, run_id, "operate")
+    source = Snapshot.objects.filter(run=run, step=number, at=at).defer("data").first()
+    if source is None:
+        raise Http404("no such snapshot")
+    check = forks.check_state(run, source, request.POST.get("state"))
+    context = {"check": check, "view": "edit", "run": run, "number": number, "at": at}
+    # The check was made: its answer, valid or not, is the fragment (htmx swaps a 200).
+    return render(request, "debugger/fork.html#check", context)
+
+
+# --- b-labels: the run list's rows, a run's input ------------------------------------------
+
+
+# The kinds as SQL constants, not parameters: SQLite uses a partial index (event_retries)
+# only for a condition it can see is the index's own.
+assert all(kind.isidentifier() for kind in RETRY_EVENTS)
+_RETRY_KINDS = RawSQL(  # noqa: S611 -- our own constants, checked above
+    "kind IN (" + ", ".join(f"'{kind}'" for kind in RETRY_EVENTS) + ")",
+    (),
+    output_field=BooleanField(),
+)
+
+
+def run_rows(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """The run list's rows: without their input (it may be a megabyte), with their labels
+    (one query for the page). `with_row_facts` adds the rest for the page's runs only."""
+    return runs.defer("input").prefetch_related("labels")
+
+
+def with_row_facts(runs: list[Run]) -> list[Run]:
+    """Each run's goal (read from its input in the database), and whether a step of it
+    backed off after an error (`backed_off`) or crashed (`crashed`) and was tried again.
+
+    One query for the page's runs: in the page's query, SQLite would work these out for
+    every matching run before sorting. Both lookups use small partial indexes
+    (event_retries, step_crashed).
+    """
+    facts = (
+        Run.objects.filter(pk__in=[run.pk for run in runs])
+        .annotate(
+            goal=KeyTextTransform("goal", "input"),
+            backed_off=Exists(Event.objects.filter(_RETRY_KINDS, run=OuterRef("pk")).order_by()),
+            crashed=Exists(Step.objects.filter(run=OuterRef("pk"), crashes__gt=0).order_by()),
+        )
+        .order_by()
+        .values_list("pk", "goal", "backed_off", "crashed")
+    )
+    by_pk = {pk: rest for pk, *rest in facts} if runs else {}
+    for run in runs:
+        run.goal, run.backed_off, run.crashed = by_pk.get(run.pk, ("", False, False))
+    return runs
+
+
+def input_tree(run: Run) -> SafeString:
+    """The run's input as a JSON tree, secrets redacted; what doesn't fit links to the
+    whole input as JSON."""
+    url = reverse("debugger:run-input-json", args=[run.pk])
+    return render_tree(redact(run.input), TreeOptions(link=lambda path, start: url))
+
+
+@role_required
+def run_input_json(request: HttpRequest, run_id: Any) -> HttpResponse:
+    """The run's input, redacted, as a JSON download."""
+    run = get_run_for(request, run_id)
+    body = json.dumps(redact(run.input), indent=2, ensure_ascii=False)
+    response = HttpResponse(body, content_type="application/json; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-input.json"'
+    return response
+
+
+# --- pins and purged runs (g-retention) ---------------------------------------------------
+
+
+@role_required
+@require_POST
+def pin_run(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = get_run_for(request, run_id, "operate")
+    form = PinForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not pinned: the reason {_form_problem(form)}")
+        return _back(request, run)
+    try:
+        services.pin_run(run, user=request.user, reason=form.cleaned_data["reason"])
+        messages.success(request, "Pinned: retention keeps this run and its fork lineage.")
+    except (services.PinError, services.ActionError) as exc:
+        messages.error(request, f"Not pinned: {exc}")
+    return _back(request, run)
+
+
+@role_required
+@require_POST
+def unpin_run(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = get_run_for(request, run_id, "operate")
+    form = CancelForm(request.POST)  # an optional reason
+    if not form.is_valid():
+        messages.error(request, f"Not unpinned: the reason {_form_problem(form)}")
+        return _back(request, run)
+    try:
+        services.unpin_run(run, user=request.user, reason=form.cleaned_data["reason"])
+        messages.success(request, "Unpinned: retention purges this run when its time comes.")
+    except (services.PinError, services.ActionError) as exc:
+        messages.error(request, f"Not unpinned: {exc}")
+    return _back(request, run)
+
+
+def purged_run(request: HttpRequest, run: Run, number: int | None) -> HttpResponse:
+    """A purged run: its record, events and side-effecting calls (what retention keeps)."""
+    from agentrun.models import Event, ToolCall
+
+    context = {
+        "run": run,
+        "step_asked": number,
+        "events": Event.objects.filter(run=run).order_by("created_at", "id"),
+        "calls": ToolCall.objects.filter(run=run)
+        .select_related("step")
+        .order_by("step__number", "index"),
+        **abilities(request),
+    }
+    return render(request, "debugger/run_purged.html", context)
+
+
 # --- h-export: a run's archive ------------------------------------------------------------
 
 
 @role_required
 def run_export(request: HttpRequest, run_id: Any) -> StreamingHttpResponse:
     """The run's archive as a download (agentrun.archive); ?ancestors=1 adds its parents."""
+    from agentrun import archive
     from agentrun.api import archive_response
 
     run = get_run_for(request, run_id)
+    problem = archive.export_problem(run)
+    if problem:
+        return HttpResponse(problem, status=409, content_type="text/plain")
     ancestors = request.GET.get("ancestors", "") in ("1", "true", "yes")
     return archive_response(run, ancestors=ancestors, user=request.user)

@@ -354,8 +354,16 @@ FAULTS = ("crash_before", "crash_after")
 MAX_SHIPPING_TIMEOUTS = 5
 MAX_CART_LINES = 20
 MAX_QTY = 99
+#: What a sandbox fork skips, by stage, as the final answer names it.
+SKIPPED_NAMES = {
+    "reserve": "the reservation",
+    "payment": "the payment",
+    "order": "the order",
+    "email": "the e-mail",
+}
 #: Notes holding JSON text (the state keeps notes as strings).
 JSON_NOTES = (
+    "skipped",
     "search",
     "cart",
     "recommendation",
@@ -423,6 +431,10 @@ def subtotal(lines: list[dict[str, Any]]) -> Decimal:
 
 def _is_count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _and(items: list[str]) -> str:
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
 def _email(user: str) -> str:
@@ -620,12 +632,26 @@ class ShopAgent(StateAgent):
         order = read_note(notes, "order") or {}
         shipping = read_note(notes, "shipping") or {}
         rec = read_note(notes, "recommendation")
-        text = (
-            f"Ordered {describe(lines)} for {user} (order {order.get('order_id', '?')}): "
+        skipped = read_note(notes, "skipped") or []
+        cost = (
             f"{notes.get('total', '?')} {CURRENCY} including "
             f"{_money(shipping.get('price', 0))} shipping "
             f"by {shipping.get('carrier', '?')} in {shipping.get('days', '?')} days."
         )
+        if "order" in skipped:
+            # A sandbox fork (or a recorded one past its divergence) runs no write tool:
+            # any order id in the notes is the parent's, not one this run placed.
+            names = [SKIPPED_NAMES[stage] for stage in STAGES if stage in skipped]
+            text = (
+                f"The order was not placed: this fork runs in sandbox mode, which skips "
+                f"write tools, so {_and(names)} {'was' if len(names) == 1 else 'were'} skipped. "
+                f"It would have ordered "
+                f"{describe(lines)} for {user}: {cost}"
+            )
+        else:
+            text = (
+                f"Ordered {describe(lines)} for {user} (order {order.get('order_id', '?')}): {cost}"
+            )
         if rec:
             text += f" Recommended {rec['name']} to go with the {rec['for_name'].lower()}."
         return text
@@ -641,7 +667,10 @@ class ShopAgent(StateAgent):
         if not results:
             return
         stage = TOOL_STAGES[results[0].tool]
-        getattr(self, f"_observe_{stage}")(st.memory["notes"], results, ctx)
+        notes = st.memory["notes"]
+        getattr(self, f"_observe_{stage}")(notes, results, ctx)
+        if any(r.status == "skipped" for r in results):
+            write_note(notes, "skipped", [*(read_note(notes, "skipped") or []), stage])
         st.memory["completed"].append(stage)
 
     def _observe_search(self, notes: dict, results: list[CallResult], ctx: StepContext) -> None:

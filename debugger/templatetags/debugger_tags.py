@@ -160,3 +160,48 @@ def escapes(value: Any) -> str:
     from django.utils.html import conditional_escape
 
     return mark_safe(mark_escapes(str(conditional_escape(value))))  # noqa: S308 — escaped above
+
+
+# --- b-labels: label chips and filters, the run's input ------------------------------------
+
+
+@register.simple_tag(takes_context=True)
+def label_url(context: Any, text: str, remove: bool = False) -> str:
+    """The run list with the current filters and this label filter added (or removed)."""
+    from django.http import QueryDict
+    from django.urls import reverse
+
+    request = context.get("request")
+    on_the_list = getattr(getattr(request, "resolver_match", None), "url_name", "") == "run-list"
+    query = request.GET.copy() if on_the_list else QueryDict(mutable=True)
+    for name in ("page", "v"):
+        query.pop(name, None)
+    labels = [t.strip() for t in query.getlist("label") if t.strip()]
+    if remove:
+        labels = [t for t in labels if t != text]
+    elif text not in labels:
+        labels.append(text)
+    if labels:
+        query.setlist("label", labels)
+    else:
+        query.pop("label", None)
+    url = reverse("debugger:run-list")
+    return f"{url}?{query.urlencode()}" if query else url
+
+
+@register.filter
+def one_line(value: Any) -> str:
+    """Text on one line: runs of whitespace (newlines included) become one space."""
+    return " ".join(str(value or "").split())
+
+
+@register.simple_tag(takes_context=True)
+def run_input(context: Any, run: Any) -> str:
+    """The run's input as a JSON tree (redacted). Not in the run page's live refresh: the
+    panel is kept as it is there (hx-preserve), so it stays open."""
+    match = getattr(context.get("request"), "resolver_match", None)
+    if getattr(match, "url_name", "") == "run-live":
+        return ""
+    from debugger.views import input_tree
+
+    return input_tree(run)

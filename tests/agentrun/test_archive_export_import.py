@@ -9,7 +9,7 @@ from agentrun import archive, snapshots
 from agentrun.hashing import digest
 from agentrun.models import Event, Run, Snapshot, SnapshotKind, Step, ToolCall
 from tests.agentrun import archives
-from tests.base import make_people
+from tests.base import drive, make_people
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -192,3 +192,24 @@ def test_a_big_state_is_streamed_in_chunks_not_built_whole():
     lines = list(archive.export_lines(run))
     assert len(lines) == len(archives.records(b"".join(chunks)))
     assert digest(snapshots.load(run.pk, 1, "pre")) == Snapshot.objects.get(run=run, seq=2).hash
+
+
+def test_labels_travel_with_the_run_and_retention_state_does_not():
+    from agentrun import services
+    from agentrun.models import RunLabel
+
+    run = drive(
+        services.start_run("scripted", archives.STEPS, labels={"ticket": "INC-7", "team": "pay"})
+    )
+    Run.objects.filter(pk=run.pk).update(pinned_at=run.created_at, pin_reason="incident")
+    data = archives.export_bytes(Run.objects.get(pk=run.pk))
+    record = archives.records(data)[1]
+    assert record["labels"] == {"team": "pay", "ticket": "INC-7"}
+    assert "pinned_at" not in record and "pin_reason" not in record
+    forget(run)
+    (imported,) = archives.import_bytes(data)
+    assert dict(RunLabel.objects.filter(run=imported).values_list("key", "value")) == {
+        "team": "pay",
+        "ticket": "INC-7",
+    }
+    assert imported.pinned_at is None

@@ -146,3 +146,18 @@ def test_a_fork_of_an_edited_state_from_an_imported_fork(people):
     )
     assert grandchild.status == "succeeded"
     assert snapshots.load(grandchild.pk, 4, "post")["memory"]["goal"] == "again"
+
+
+def test_retention_keeps_an_imported_run_however_old(people, settings):
+    from datetime import timedelta
+
+    from agentrun import retention
+
+    old = archives.finished_run()
+    Run.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(days=400))
+    run = imported(Run.objects.get(pk=old.pk))
+    control = archives.finished_run()
+    Run.objects.filter(pk=control.pk).update(finished_at=timezone.now() - timedelta(days=400))
+    cutoff = timezone.now() - timedelta(days=30)
+    assert list(retention.candidates(cutoff).values_list("pk", flat=True)) == [control.pk]
+    assert retention.purge_after(Run.objects.get(pk=run.pk)) is None

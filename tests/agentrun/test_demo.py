@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from agentrun import snapshots
+from agentrun import labels, snapshots
 from agentrun.management.commands.demo import FIX_REASON, STORIES
 from agentrun.models import (
     Event,
@@ -20,6 +20,7 @@ from agentrun.models import (
     LedgerInvocation,
     Reservation,
     Run,
+    RunLabel,
     Step,
     ToolCall,
 )
@@ -43,6 +44,7 @@ def story_run(label: str) -> Run:
 def test_the_demo_is_idempotent_and_its_runs_end_as_their_stories_say():
     first = demo()
     runs, users = Run.objects.count(), get_user_model().objects.count()
+    RunLabel.objects.all().delete()  # as if made by a demo from before runs had labels
     second = demo()
 
     # Every story, plus the operator's fix for the incident (a fork).
@@ -69,6 +71,30 @@ def test_the_demo_is_idempotent_and_its_runs_end_as_their_stories_say():
         assert str(run.pk) in second
     assert_the_stories_show_what_they_claim()
     assert_the_incident_is_fixed_by_a_fork()
+    assert_every_run_is_labelled_with_its_story()
+
+
+def assert_every_run_is_labelled_with_its_story() -> None:
+    for story in STORIES:
+        found = labels.of(story_run(story.label))
+        assert found["source"] == "demo" and found["story"] == story.label, found
+    assert labels.of(story_run("incident")) == {
+        "source": "demo",
+        "story": "incident",
+        "customer": "ben",
+        "problem": "stale-cart",
+        "cart-change": "STOVE-1-removed-after-step-2",
+    }
+    assert labels.of(story_run("card-declined"))["fault"] == "card-declined"
+    fix = Run.objects.get(parent=story_run("incident"))
+    assert labels.of(fix) == {
+        **labels.of(story_run("incident")),
+        "fix": "cart-corrected",
+        "forked-from": str(story_run("incident").pk)[:8],
+    }
+    # Two runs of the same story are one filter away.
+    incident_runs = labels.filter_runs(Run.objects.all(), ["story=incident"])
+    assert set(incident_runs) == {story_run("incident"), fix}
 
 
 def assert_the_stories_show_what_they_claim() -> None:

@@ -40,8 +40,10 @@ def test_an_operator_forks_from_a_pre_snapshot_with_an_edited_goal_and_compares(
         page.click("#snap-pane [data-action=replay]")
         page.wait_for_url(f"**/runs/{run.pk}/steps/4/pre/fork/")
 
-        # The form: sandbox by default, the snapshot's state as pretty JSON.
+        # The form: sandbox by default, the snapshot's state as pretty JSON behind the tree.
         assert page.is_checked("input[name=mode][value=sandbox]")
+        page.wait_for_selector("#fork-tree li[data-path='$']")
+        page.click("[data-editor-view=raw]")
         text = page.input_value("#fork-state")
         assert json.loads(text)["memory"]["goal"] == "Refund order 1042 and hold replacement stock"
         assert not page.is_visible(".live-effects")

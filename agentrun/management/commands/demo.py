@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -27,6 +27,7 @@ from django.db import connection
 from django.utils import timezone
 
 from agentrun import engine, services, snapshots
+from agentrun import labels as run_labels
 from agentrun.builtin.shop import STAGE_STEPS, cart_as_of, read_note, write_note
 from agentrun.models import TERMINAL_STATUSES, LedgerEntry, Run, RunStatus, ToolCall, WaitReason
 from agentrun.roles import create_user, role_of
@@ -48,6 +49,13 @@ class Story:
     approve: bool = True
     crash_step: int | None = None
     expect: str = "succeeded"
+    #: Beyond source=demo, story=<label> and the customer: what an operator would tag it with.
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        customer = {"customer": self.input["user"]} if "user" in self.input else {}
+        return {"source": "demo", "story": self.label, **customer, **self.tags}
 
     def find(self) -> Run | None:
         # Forks copy their parent's input, label included: the demo run is the root.
@@ -77,6 +85,14 @@ FIX_STEP = STAGE_STEPS["recommend"]
 FIX_MODE = "sandbox"
 FIX_REASON = "cart change never reached the agent's context"
 FIX_TITLE = f"Fix: incident forked at step {FIX_STEP} (pre), cart corrected; sandbox"
+#: The fix's own labels, beside those it inherits from the incident run.
+FIX_LABELS = {"fix": "cart-corrected"}
+
+
+def add_missing_labels(run: Run, labels: dict[str, str]) -> None:
+    """Label a demo run made by an older demo, before runs had labels."""
+    if not run.labels.exists():
+        run_labels.store(run, labels)
 
 
 def find_fix(incident: Run) -> Run | None:
@@ -133,18 +149,21 @@ STORIES = [
         "Happy path: the operator approves the payment",
         "shop",
         shop("happy-path", "ana"),
+        tags={"approval": "approved"},
     ),
     Story(
         "incident",
         "Incident: STOVE-1 removed after step 2, yet recommended for and reserved",
         "shop",
         shop("incident", "ben", cart_changes=[{"after_step": 2, "remove": "STOVE-1"}]),
+        tags={"problem": "stale-cart", "cart-change": "STOVE-1-removed-after-step-2"},
     ),
     Story(
         "flaky-shipping",
         "Shipping API timed out twice at step 6, retried after backoff",
         "shop",
         shop("flaky-shipping", "chloe", shipping_timeouts=2),
+        tags={"fault": "shipping-timeout"},
     ),
     Story(
         "worker-crash",
@@ -152,6 +171,7 @@ STORIES = [
         "shop",
         shop("worker-crash", "dev", crash="crash_after"),
         crash_step=STAGE_STEPS["order"],
+        tags={"fault": "worker-killed"},
     ),
     Story(
         "awaiting-approval",
@@ -160,6 +180,7 @@ STORIES = [
         shop("awaiting-approval", "emma"),
         approve=False,
         expect="waiting",
+        tags={"approval": "pending"},
     ),
     Story(
         "card-declined",
@@ -167,6 +188,7 @@ STORIES = [
         "shop",
         shop("card-declined", "farid", fail_payment=True),
         expect="failed",
+        tags={"fault": "card-declined"},
     ),
     Story(
         "scripted-short",
@@ -188,6 +210,7 @@ STORIES = [
         "Scripted: 12 steps with a flaky call, a write and an e-mail",
         "scripted",
         scripted("scripted-12", _twelve_steps()),
+        tags={"fault": "flaky-tool"},
     ),
 ]
 
@@ -195,11 +218,19 @@ STORIES = [
 class Command(BaseCommand):
     help = "Create the demo users and demo runs (idempotent; takes a few seconds)."
 
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--no-logins",
+            action="store_true",
+            help="don't list the demo users (`up` lists them once everything is up)",
+        )
+
     def handle(self, *args: Any, **opts: Any) -> None:
         users = {role: demo_user(name, role) for name, role in DEMO_USERS}
-        self.stdout.write("demo users (username / password, role):")
-        for name, role in DEMO_USERS:
-            self.stdout.write(f"  {name} / {PASSWORD}  ({role})")
+        if not opts["no_logins"]:
+            self.stdout.write("demo users (username / password, role):")
+            for name, role in DEMO_USERS:
+                self.stdout.write(f"  {name} / {PASSWORD}  ({role})")
         operator = users["operator"]
 
         # No wake-up messages: this process drives the runs, and a worker racing it for
@@ -220,7 +251,9 @@ class Command(BaseCommand):
         run = story.find()
         created = run is None
         if run is None:
-            run = services.start_run(story.agent, story.input, user=operator)
+            run = services.start_run(story.agent, story.input, user=operator, labels=story.labels)
+        else:
+            add_missing_labels(run, story.labels)  # made before runs had labels
         run = advance(
             run, operator, approve=story.approve, crash_step=story.crash_step, out=self.stdout
         )
@@ -242,9 +275,13 @@ class Command(BaseCommand):
                     mode=FIX_MODE,
                     reason=FIX_REASON,
                     user=operator,
+                    labels=FIX_LABELS,
                 )
             except services.ForkError as exc:
                 raise CommandError(f"{FIX_LABEL}: can't fork the incident run: {exc}") from None
+        else:
+            inherited = {**run_labels.of(incident), **FIX_LABELS}
+            add_missing_labels(fork, run_labels.for_fork(inherited, incident.pk))
         fork = advance(fork, operator, out=self.stdout)
         return Row(fork, FIX_LABEL, FIX_TITLE, "succeeded", created)
 

@@ -40,6 +40,9 @@ class Command(BaseCommand):
         self, *args: Any, run_id: str, output: str | None, with_ancestors: bool, **options: Any
     ) -> None:
         run = find_run(run_id)
+        problem = archive.export_problem(run)
+        if problem:
+            raise CommandError(problem)
         chunks = archive.export_chunks(run, ancestors=with_ancestors)
         if output == "-":
             for chunk in chunks:

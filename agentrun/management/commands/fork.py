@@ -65,7 +65,7 @@ def find_run(run_id: str) -> Run:
     return run
 
 
-def find_operator(name: str | None) -> Any:
+def find_operator(name: str | None, action: str = "forking") -> Any:
     """The user the fork is recorded under: an active operator (or admin), if named."""
     if name is None:
         return None
@@ -74,7 +74,7 @@ def find_operator(name: str | None) -> Any:
         raise CommandError(f"no active user named {name!r}")
     if not can_operate(user):
         role = role_of(user) or "user without a role"
-        raise CommandError(f"forking needs the operator role; {name!r} is a {role}")
+        raise CommandError(f"{action} needs the operator role; {name!r} is a {role}")
     return user
 
 

@@ -1,4 +1,5 @@
-"""Start a run from the command line: `manage.py startrun AGENT --input JSON|@file [--wait]`."""
+"""Start a run from the command line:
+`manage.py startrun AGENT --input JSON|@file [--label KEY=VALUE]... [--wait]`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agentrun import inflight, services
+from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput
 from agentrun.models import Run, RunStatus
 from agentrun.storable import parse_json
@@ -69,17 +71,36 @@ class Command(BaseCommand):
         parser.add_argument(
             "--input", required=True, help="the input as JSON, or @path to a JSON file"
         )
+        parser.add_argument(
+            "--label",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            dest="labels",
+            help="a label to find the run by, e.g. --label story=stale-cart (repeatable)",
+        )
         parser.add_argument("--wait", action="store_true", help="wait for the run to stop moving")
         parser.add_argument(
             "--timeout", type=float, default=300.0, help="seconds to wait (default 300)"
         )
 
     def handle(
-        self, *args: Any, agent: str, input: str, wait: bool, timeout: float, **options: Any
+        self,
+        *args: Any,
+        agent: str,
+        input: str,
+        labels: list[str],
+        wait: bool,
+        timeout: float,
+        **options: Any,
     ) -> None:
+        try:
+            checked = run_labels.parse(labels)
+        except run_labels.InvalidLabels as exc:
+            raise CommandError(f"--label: {exc}") from None
         data = read_input(input)
         try:
-            run = services.start_run(agent, data)
+            run = services.start_run(agent, data, labels=checked)
         except InvalidInput as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(str(run.pk))

@@ -152,6 +152,28 @@ def broker_folders() -> list[Path]:
     return [Path(opts[k]) for k in keys if opts.get(k)]
 
 
+def registered() -> list[str]:
+    """Lines naming the agents and tools registered here, by the module that registers
+    them: what the workers will know, since they import the same modules."""
+    from agentrun.agents import AGENTS
+    from agentrun.tools import REGISTRY
+
+    def by_module(items: dict[str, str]) -> str:
+        groups: dict[str, list[str]] = {}
+        for name, module in sorted(items.items()):
+            source = "built-in" if module.startswith("agentrun.builtin") else module
+            groups.setdefault(source, []).append(name)
+        order = sorted(groups, key=lambda source: (source != "built-in", source))
+        return "; ".join(f"{', '.join(groups[source])} ({source})" for source in order)
+
+    agents = {name: type(agent).__module__ for name, agent in AGENTS.items()}
+    tools = {name: t.fn.__module__ for name, t in REGISTRY.items()}
+    lines = [f"agents:   {by_module(agents)}", f"tools:    {by_module(tools)}"]
+    if not settings.AGENTRUN_AGENT_MODULES:
+        lines.append("          (your own: AGENTRUN_AGENT_MODULES=your.module, see the README)")
+    return lines
+
+
 # --- running them ------------------------------------------------------------------------
 
 
@@ -319,10 +341,12 @@ class Command(BaseCommand):
         db = settings.DATABASES["default"]
         self.stdout.write(f"database: {db['ENGINE'].rsplit('.', 1)[-1]} {db['NAME']}")
         self.stdout.write(f"broker:   {settings.CELERY_BROKER_URL.split('@')[-1]}")
+        for line in registered():
+            self.stdout.write(line)
         call_command("migrate", interactive=False, verbosity=1)
         has_demo = "demo" in get_commands() and not opts["no_demo"]
         if has_demo:
-            call_command("demo")
+            call_command("demo", no_logins=True)  # the banner lists them
         elif not opts["no_demo"]:
             self.stderr.write(
                 "warning: no `demo` command yet; starting without demo users and runs"
