@@ -12,13 +12,14 @@ agentrun.services and render.
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from datetime import timedelta
 from typing import Annotated, Any
 
 from django.conf import settings
 from django.db.models import Prefetch
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from ninja import Path, Query, Status
@@ -26,7 +27,7 @@ from ninja.security import APIKeyCookie, HttpBearer
 from pydantic import StringConstraints
 
 from agentrun import api_schemas as s
-from agentrun import inflight, retention, services, snapshots, watch
+from agentrun import archive, inflight, retention, services, snapshots, watch
 from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput
 from agentrun.api_base import Api, ApiError
@@ -195,6 +196,7 @@ def summary_json(run: Run) -> dict[str, Any]:
         "tokens_out": run.tokens_out,
         "labels": run_labels.of(run),
         **retention_json(run),
+        "imported_at": run.imported_at,
     }
 
 
@@ -666,6 +668,114 @@ def _pin_action(request: HttpRequest, run_id: uuid.UUID, action: Any, reason: st
     except services.ActionError as exc:
         raise ApiError(409, str(exc)) from None
     return detail_json(_get_run(run_id))
+
+
+# --- export and import (agentrun.archive) ----------------------------------------------------
+
+ARCHIVE_BODY = {"type": "string", "format": "binary"}
+ARCHIVE_TYPES = ("application/gzip", "application/x-gzip", "application/octet-stream")
+
+
+@api.get(
+    "/runs/{run_id}/export",
+    response={200: None, **_errors(400, 401, 403, 404, 409)},
+    summary="The run as a self-contained archive: gzip'ed JSON lines (docs/ARCHIVE.md)",
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "The archive, streamed as an attachment.",
+                "content": {archive.MEDIA_TYPE: {"schema": ARCHIVE_BODY}},
+            }
+        }
+    },
+)
+def export_run(
+    request: HttpRequest,
+    run_id: RunId,
+    ancestors: Annotated[
+        bool, Query(description="Also the runs it was forked from, oldest first.")
+    ] = False,
+) -> StreamingHttpResponse:
+    run = _get_run(run_id)
+    problem = archive.export_problem(run)
+    if problem:
+        raise ApiError(409, problem)
+    return archive_response(run, ancestors=ancestors, user=request.user)
+
+
+def archive_response(run: Run, *, ancestors: bool, user: Any) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(
+        archive.export_chunks(run, ancestors=ancestors, user=user),
+        content_type=archive.MEDIA_TYPE,
+    )
+    response["Content-Disposition"] = f'attachment; filename="{archive.filename(run)}"'
+    return response
+
+
+@api.post(
+    "/runs/import",
+    response={201: s.Imported, **_errors(400, 401, 403, 409, 413)},
+    summary="Import a run's archive, read-only (operators); a bad archive stores nothing",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "The archive as exported (GET /api/runs/{run_id}/export).",
+            "content": {t: {"schema": ARCHIVE_BODY} for t in ARCHIVE_TYPES},
+        }
+    },
+)
+def import_run(request: HttpRequest, response: HttpResponse) -> Status[dict[str, Any]]:
+    content_type = request.content_type or ""
+    if not request.headers.get("Content-Length", "").strip("0"):
+        raise ApiError(
+            400, f"the archive is empty: send it as the request body ({archive.MEDIA_TYPE})"
+        )
+    if content_type not in ARCHIVE_TYPES:
+        raise ApiError(
+            400,
+            f"send the archive itself as the request body, with Content-Type "
+            f"{archive.MEDIA_TYPE} (not {content_type or 'none'})",
+        )
+    limit = settings.AGENTRUN_IMPORT_MAX_BYTES
+    try:
+        declared = int(request.headers.get("Content-Length") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limit:  # refused before a byte is read
+        raise ApiError(413, f"the archive is larger than the limit of {limit} bytes")
+    with tempfile.TemporaryFile() as spool:
+        try:
+            archive.spool(request, spool)
+            spool.seek(0)
+            runs = archive.import_archive(lambda: _Rewound(spool), user=request.user)
+        except archive.ArchiveError as exc:
+            raise ApiError(exc.status, str(exc)) from None
+    root = _get_run(runs[-1].pk)
+    response["Location"] = f"/api/runs/{root.pk}"
+    return Status(
+        201,
+        {
+            "run": summary_json(root),
+            "runs": [str(r.pk) for r in runs],
+            "steps": root.steps.count(),
+            "snapshots": root.snapshots.count(),
+            "archive_sha256": root.imported["archive_sha256"],
+        },
+    )
+
+
+class _Rewound:
+    """The spooled archive from its start, as a context manager that leaves it open."""
+
+    def __init__(self, spool: Any):
+        self.spool = spool
+
+    def __enter__(self) -> Any:
+        self.spool.seek(0)
+        return self.spool
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 @api.get(

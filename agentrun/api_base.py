@@ -157,7 +157,8 @@ class Api(NinjaAPI):
             route = str(pattern.pattern)
             if route and route not in patterns and isinstance(pattern, URLPattern):
                 patterns[route] = path(route, self._json_405(pattern.callback), name=pattern.name)
-        return list(patterns.values())
+        # A fixed route (runs/import) before a parameter one that would match it (runs/<id>).
+        return sorted(patterns.values(), key=lambda p: "<" in str(p.pattern))
 
     def _json_405(self, view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         def view_or_405(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:

@@ -244,6 +244,11 @@ class RunSummary(Response):
         "earliest (a pinned fork ancestor or descendant keeps it longer). Null when "
         "it is active, pinned, purged, or retention is off."
     )
+    # h-export: a run imported from an archive.
+    imported_at: datetime | None = Field(
+        default=None,
+        description="When the run was imported from an archive: it is read-only here.",
+    )
 
 
 class ToolCall(Response):
@@ -531,3 +536,14 @@ class PathHistory(Response):
     count: int = Field(description="All changes, not just this page.")
     changes: list[ValueChange]
     snapshots_read: int = Field(description="Snapshots whose data the scan read.")
+
+
+# --- export and import (agentrun.archive) ----------------------------------------------
+
+
+class Imported(Response):
+    run: RunSummary = Field(description="The exported run, now here, read-only.")
+    runs: list[UUID] = Field(description="Every run imported: fork ancestors first.")
+    steps: int
+    snapshots: int
+    archive_sha256: str = Field(description="SHA-256 of the archive as uploaded.")

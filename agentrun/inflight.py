@@ -246,7 +246,7 @@ def _active(now: datetime) -> QuerySet[Any]:
     knows a model's fields, not its annotations)."""
     # The run_status_created index finds the active runs; step_run_number their step.
     return (
-        Run.objects.filter(status__in=ACTIVE_STATUSES)
+        Run.objects.filter(status__in=ACTIVE_STATUSES, imported_at__isnull=True)
         .annotate(
             cur=FilteredRelation("steps", condition=Q(steps__number=F("next_step"))),
             state=_state_case(_rules(now)),

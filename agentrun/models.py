@@ -6,6 +6,7 @@ Status changes that race (claim, commit, cancel) are conditional UPDATEs:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import secrets
@@ -112,6 +113,10 @@ class Run(models.Model):
     pin_reason = models.TextField(blank=True)
     purged_at = models.DateTimeField(null=True, blank=True)
     purge_done = models.BooleanField(default=False)
+    # Imported from an archive (agentrun.archive): read-only here, never resumed or
+    # reconciled; `imported` says from where (source, exporter, archive digest, lineage).
+    imported_at = models.DateTimeField(null=True, blank=True)
+    imported = models.JSONField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -151,7 +156,21 @@ class Run(models.Model):
 
     @property
     def is_active(self) -> bool:
-        return self.status in ACTIVE_STATUSES
+        """Might still change: an imported run never does, whatever its status says."""
+        return self.status in ACTIVE_STATUSES and self.imported_at is None
+
+    @property
+    def is_imported(self) -> bool:
+        return self.imported_at is not None
+
+    @property
+    def import_info(self) -> dict[str, Any]:
+        """Where an imported run came from, its times parsed (for pages)."""
+        info = dict(self.imported or {})
+        if isinstance(info.get("exported_at"), str):
+            with contextlib.suppress(ValueError):
+                info["exported_at"] = datetime.fromisoformat(info["exported_at"])
+        return info
 
     @property
     def is_pinned(self) -> bool:

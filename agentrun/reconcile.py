@@ -32,12 +32,12 @@ def reconcile_once(grace_seconds: float | None = None) -> dict[str, int]:
     )
     unleased = Q(lease_expires_at__isnull=True, updated_at__lt=now - grace)
     expired = Q(lease_expires_at__lt=now)
-    stalled = Run.objects.filter(status__in=(RunStatus.QUEUED, RunStatus.RUNNING)).filter(
+    # An imported run (agentrun.archive) is a read-only record: never resumed here.
+    local = Run.objects.filter(imported_at__isnull=True)
+    stalled = local.filter(status__in=(RunStatus.QUEUED, RunStatus.RUNNING)).filter(
         unleased | expired
     )
-    due = Run.objects.filter(
-        status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at__lte=now
-    )
+    due = local.filter(status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at__lte=now)
     enqueued = 0
     for run_id, next_step in list(stalled.values_list("id", "next_step")) + list(
         due.values_list("id", "next_step")
@@ -48,6 +48,7 @@ def reconcile_once(grace_seconds: float | None = None) -> dict[str, int]:
     to_undo = (
         ToolCall.objects.filter(kind="hybrid", status=ToolCallStatus.OK)
         .filter(run__status__in=(RunStatus.FAILED, RunStatus.CANCELLED))
+        .filter(run__imported_at__isnull=True)
         .values_list("run_id", flat=True)
         .distinct()
     )

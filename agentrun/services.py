@@ -35,6 +35,15 @@ class ActionError(ValueError):
     """The action doesn't apply to the run as it is (e.g. approving a finished run)."""
 
 
+def refuse_if_imported(run: Run) -> None:
+    """An imported run is a record from elsewhere: nothing here may act on it."""
+    if run.imported_at is not None:
+        raise ActionError(
+            "this run was imported from an archive and is read-only: it can't be cancelled, "
+            "approved or retried here (fork it to run it again)"
+        )
+
+
 def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = None) -> Run:
     """Validate and create a queued run, then wake a worker for its first step.
 
@@ -79,6 +88,7 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = No
 def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
     """Cancel an active run: its calls not yet started end as cancelled, its successful
     hybrid calls are compensated."""
+    refuse_if_imported(run)
     now = timezone.now()
     with transaction.atomic():
         n = Run.objects.filter(pk=run.pk, status__in=ACTIVE_STATUSES).update(
@@ -109,6 +119,7 @@ def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
 def retry_crashed_step(run: Run, *, user: Any, reason: str = "") -> Run:
     """An operator tries again a step that kept crashing (or whose agent a worker didn't
     know): its crash count starts over, its crash log stays."""
+    refuse_if_imported(run)
     now = timezone.now()
     with transaction.atomic():
         n = Run.objects.filter(
@@ -137,6 +148,7 @@ def decide_approval(
     if resolution not in (None, "retry", "mark_done"):
         raise ActionError('resolution must be "retry" or "mark_done"')
     run.refresh_from_db()
+    refuse_if_imported(run)
     if run.status != RunStatus.WAITING or run.wait_reason not in (
         WaitReason.APPROVAL,
         WaitReason.IN_DOUBT,

@@ -286,6 +286,12 @@ AGENTRUN_LLM_MAX_CONCURRENCY = env_int("AGENTRUN_LLM_MAX_CONCURRENCY", 500)
 # Each worker process keeps the latest state of the runs it works on, up to this size.
 AGENTRUN_STATE_CACHE_MB = env_int("AGENTRUN_STATE_CACHE_MB", 256)
 
+# Importing a run's archive (agentrun.archive): the archive's size as uploaded, what it
+# may inflate to (a gzip bomb stops here, not in memory) and its longest line (one record).
+AGENTRUN_IMPORT_MAX_BYTES = env_int("AGENTRUN_IMPORT_MAX_BYTES", 1024**3)
+AGENTRUN_IMPORT_MAX_EXPANDED_BYTES = env_int("AGENTRUN_IMPORT_MAX_EXPANDED_BYTES", 8 * 1024**3)
+AGENTRUN_IMPORT_MAX_LINE_BYTES = env_int("AGENTRUN_IMPORT_MAX_LINE_BYTES", 256 * 1024**2)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

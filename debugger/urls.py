@@ -42,6 +42,7 @@ urlpatterns = [
         name="snapshot-json",
     ),
     path("runs/<uuid:run_id>/input.json", views.run_input_json, name="run-input-json"),
+    path("runs/<uuid:run_id>/export/", views.run_export, name="run-export"),
     path("now/", views.now, name="now"),
     path("diff/", views.diff_any, name="diff"),
     path("audit/", views.audit, name="audit"),

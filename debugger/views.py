@@ -906,6 +906,8 @@ def run_by_short_id(request: HttpRequest, prefix: str, rest: str = "") -> HttpRe
     query = request.META.get("QUERY_STRING", "")
     target = reverse("debugger:run-detail", args=[run.pk]) + rest
     return redirect(f"{target}?{query}" if query else target)
+
+
 # --- f-watch: the history of one value ----------------------------------------------------
 
 WATCH_PER_PAGE = 100
@@ -1060,3 +1062,20 @@ def _compare_watch(request: HttpRequest, left: Run, right: Run) -> dict[str, Any
             "right_url": watch_url(right.pk, path),
         },
     }
+
+
+# --- h-export: a run's archive ------------------------------------------------------------
+
+
+@role_required
+def run_export(request: HttpRequest, run_id: Any) -> StreamingHttpResponse:
+    """The run's archive as a download (agentrun.archive); ?ancestors=1 adds its parents."""
+    from agentrun import archive
+    from agentrun.api import archive_response
+
+    run = get_run_for(request, run_id)
+    problem = archive.export_problem(run)
+    if problem:
+        return HttpResponse(problem, status=409, content_type="text/plain")
+    ancestors = request.GET.get("ancestors", "") in ("1", "true", "yes")
+    return archive_response(run, ancestors=ancestors, user=request.user)

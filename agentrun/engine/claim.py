@@ -77,6 +77,8 @@ _DUE = (
     "next_step = %s AND (status IN ('queued', 'running') OR (status = 'waiting'"
     " AND wait_reason = 'backoff')) AND (lease_expires_at IS NULL OR lease_expires_at < %s)"
     " AND (wake_at IS NULL OR wake_at <= %s)"
+    # An imported run (agentrun.archive) is read-only: no worker ever claims it.
+    " AND imported_at IS NULL"
 )
 
 

@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agentrun", "0013_pins_and_retention"),
+        ("agentrun", "0014_run_imported"),
     ]
 
     operations = [
