@@ -7,10 +7,13 @@ Screenshots of each page at 390 px and at desktop width land in tests/screenshot
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
-from agentrun import services, snapshots
+from agentrun import retention, services, snapshots
+from agentrun.models import Run
 from agentrun.roles import create_user
 from tests.base import PASSWORD, drive, make_in_flight
 from tests.debugger import runs
@@ -65,6 +68,10 @@ def pages(people):
     # The Now page and the run list with steps in flight on two workers.
     make_in_flight("acting", 3, worker="worker-host-with-a-long-name.example.internal:4242")
     make_in_flight("backoff", 2, waited=90.0)
+    # A run that retention purged: its tombstone page.
+    old = runs.walkthrough_run(people["operator"], evidence="an old delivery note")
+    Run.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(days=60))
+    assert retention.purge(timedelta(days=30)).runs == 1
     return {
         "run-list": "/",
         "run": f"/runs/{run.pk}/",
@@ -75,6 +82,10 @@ def pages(people):
         "compare": f"/runs/{fork.pk}/compare/",
         "compare-picker": f"/runs/{run.pk}/compare/",
         "fork": f"/runs/{run.pk}/steps/4/pre/fork/",
+        "search": f"/runs/{run.pk}/?q=refund",
+        "watch": f"/runs/{run.pk}/watch/?path=memory.notes",
+        "compare-watch": f"/runs/{fork.pk}/compare/?path=memory.goal",
+        "purged": f"/runs/{old.pk}/",
         "now": "/now/",
         "audit": "/audit/",
         "404": f"/runs/{uuid.uuid4()}/",
