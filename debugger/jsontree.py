@@ -18,6 +18,7 @@ from typing import Any
 from django.utils.safestring import SafeString, mark_safe
 
 from agentrun.state import json_type
+from agentrun.watch import format_path
 
 Path = tuple[str | int, ...]
 
@@ -40,21 +41,7 @@ def human_bytes(n: int | float | None) -> str:
     return f"{n:,.1f} MB"
 
 
-# --- paths: memory.notes["a b"][3] -------------------------------------------
-
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def format_path(path: Sequence[str | int]) -> str:
-    out = ""
-    for step in path:
-        if isinstance(step, int):
-            out += f"[{step}]"
-        elif _IDENT.fullmatch(step):
-            out += f".{step}" if out else step
-        else:
-            out += "[" + json.dumps(step, ensure_ascii=False) + "]"
-    return out
+# --- paths: memory.notes["a b"][3] (written as agentrun.watch writes them) ---------
 
 
 class PathError(ValueError):

@@ -165,3 +165,23 @@ def make_in_flight(
         for run, s in zip(runs, steps, strict=True)
     )
     return runs
+
+
+# The demo's incident (the stale-cart shop run): the user removed STOVE-1 after step 2, and
+# the agent's copy of the cart (memory.notes.cart) never followed.
+INCIDENT = {
+    "goal": "Get me ready for a weekend camping trip",
+    "user": "ben",
+    "cart": [{"sku": "STOVE-1", "qty": 1}, {"sku": "TENT-2P", "qty": 1}],
+    "cart_changes": [{"after_step": 2, "remove": "STOVE-1"}],
+    "approval": False,
+}
+
+
+def play_incident() -> Run:
+    """The demo's incident, played in this process to its (wrongly) successful end."""
+    from agentrun import services
+
+    run = drive(services.start_run("shop", INCIDENT), through_backoff=True)
+    assert run.status == "succeeded", run.error
+    return run

@@ -9,17 +9,9 @@ from django.test import Client
 
 from agentrun import services, snapshots
 from agentrun.models import ApiToken
-from tests.base import drive, make_people
+from tests.base import drive, make_people, play_incident
 
 pytestmark = pytest.mark.django_db
-
-INCIDENT = {
-    "goal": "Get me ready for a weekend camping trip",
-    "user": "ben",
-    "cart": [{"sku": "STOVE-1", "qty": 1}, {"sku": "TENT-2P", "qty": 1}],
-    "cart_changes": [{"after_step": 2, "remove": "STOVE-1"}],
-    "approval": False,
-}
 
 
 @pytest.fixture
@@ -34,9 +26,7 @@ def viewer(people):
 
 @pytest.fixture
 def incident():
-    run = drive(services.start_run("shop", INCIDENT), through_backoff=True)
-    assert run.status == "succeeded", run.error
-    return run
+    return play_incident()
 
 
 def history(client: Client, run, path: str, **params):

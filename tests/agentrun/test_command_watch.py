@@ -9,22 +9,14 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from agentrun import services, snapshots
-from tests.base import drive, make_people
+from tests.base import make_people, play_incident
 
 pytestmark = pytest.mark.django_db
-
-INCIDENT = {
-    "goal": "Get me ready for a weekend camping trip",
-    "user": "ben",
-    "cart": [{"sku": "STOVE-1", "qty": 1}, {"sku": "TENT-2P", "qty": 1}],
-    "cart_changes": [{"after_step": 2, "remove": "STOVE-1"}],
-    "approval": False,
-}
 
 
 @pytest.fixture
 def incident():
-    return drive(services.start_run("shop", INCIDENT), through_backoff=True)
+    return play_incident()
 
 
 def watch(*args: str) -> str:

@@ -10,25 +10,16 @@ from agentrun import services, snapshots, watch
 from agentrun.builtin.shop import STAGE_STEPS
 from agentrun.models import Run, Snapshot
 from agentrun.watch import MISSING, PathSyntaxError, parse_path
-from tests.base import calls, drive, final, make_people, make_run, script
+from tests.base import calls, drive, final, make_people, make_run, play_incident, script
 
 pytestmark = pytest.mark.django_db
 
 RECOMMEND = STAGE_STEPS["recommend"]  # 3
-INCIDENT = {
-    "goal": "Get me ready for a weekend camping trip",
-    "user": "ben",
-    "cart": [{"sku": "STOVE-1", "qty": 1}, {"sku": "TENT-2P", "qty": 1}],
-    "cart_changes": [{"after_step": 2, "remove": "STOVE-1"}],
-    "approval": False,
-}
 
 
 @pytest.fixture
 def incident():
-    run = drive(services.start_run("shop", INCIDENT), through_backoff=True)
-    assert run.status == "succeeded", run.error
-    return run
+    return play_incident()
 
 
 def skus(note: str) -> list[str]:

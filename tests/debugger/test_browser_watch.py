@@ -13,18 +13,10 @@ import json
 import pytest
 
 from agentrun import services, snapshots
-from tests.base import drive, make_people
+from tests.base import INCIDENT, drive, make_people
 from tests.debugger.browser import assert_inert, chromium, login, page_for, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-INCIDENT = {
-    "goal": "Get me ready for a weekend camping trip",
-    "user": "ben",
-    "cart": [{"sku": "STOVE-1", "qty": 1}, {"sku": "TENT-2P", "qty": 1}],
-    "cart_changes": [{"after_step": 2, "remove": "STOVE-1"}],
-    "approval": False,
-}
 
 
 @pytest.fixture

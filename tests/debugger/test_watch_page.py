@@ -10,24 +10,14 @@ import re
 import pytest
 
 from agentrun import services, snapshots
-from tests.base import drive
+from tests.base import drive, play_incident
 
 pytestmark = pytest.mark.django_db
-
-INCIDENT = {
-    "goal": "Get me ready for a weekend camping trip",
-    "user": "ben",
-    "cart": [{"sku": "STOVE-1", "qty": 1}, {"sku": "TENT-2P", "qty": 1}],
-    "cart_changes": [{"after_step": 2, "remove": "STOVE-1"}],
-    "approval": False,
-}
 
 
 @pytest.fixture
 def incident(people):
-    run = drive(services.start_run("shop", INCIDENT), through_backoff=True)
-    assert run.status == "succeeded", run.error
-    return run
+    return play_incident()
 
 
 @pytest.fixture
