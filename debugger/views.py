@@ -844,36 +844,46 @@ def run_input_json(request: HttpRequest, run_id: Any) -> HttpResponse:
 # --- pins and purged runs (g-retention) ---------------------------------------------------
 
 
+def _pin_action(
+    request: HttpRequest, run_id: Any, form: Any, act: Any, verb: str, done: str
+) -> HttpResponse:
+    """Pin or unpin from the run page: the reason checked, the outcome as a message."""
+    run = get_run_for(request, run_id, "operate")
+    if not form.is_valid():
+        messages.error(request, f"Not {verb}: the reason {_form_problem(form)}")
+        return _back(request, run)
+    try:
+        act(run, user=request.user, reason=form.cleaned_data["reason"])
+        messages.success(request, done)
+    except (services.PinError, services.ActionError) as exc:
+        messages.error(request, f"Not {verb}: {exc}")
+    return _back(request, run)
+
+
 @role_required
 @require_POST
 def pin_run(request: HttpRequest, run_id: Any) -> HttpResponse:
-    run = get_run_for(request, run_id, "operate")
-    form = PinForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"Not pinned: the reason {_form_problem(form)}")
-        return _back(request, run)
-    try:
-        services.pin_run(run, user=request.user, reason=form.cleaned_data["reason"])
-        messages.success(request, "Pinned: retention keeps this run and its fork lineage.")
-    except (services.PinError, services.ActionError) as exc:
-        messages.error(request, f"Not pinned: {exc}")
-    return _back(request, run)
+    return _pin_action(
+        request,
+        run_id,
+        PinForm(request.POST),
+        services.pin_run,
+        "pinned",
+        "Pinned: retention keeps this run and its fork lineage.",
+    )
 
 
 @role_required
 @require_POST
 def unpin_run(request: HttpRequest, run_id: Any) -> HttpResponse:
-    run = get_run_for(request, run_id, "operate")
-    form = CancelForm(request.POST)  # an optional reason
-    if not form.is_valid():
-        messages.error(request, f"Not unpinned: the reason {_form_problem(form)}")
-        return _back(request, run)
-    try:
-        services.unpin_run(run, user=request.user, reason=form.cleaned_data["reason"])
-        messages.success(request, "Unpinned: retention purges this run when its time comes.")
-    except (services.PinError, services.ActionError) as exc:
-        messages.error(request, f"Not unpinned: {exc}")
-    return _back(request, run)
+    return _pin_action(
+        request,
+        run_id,
+        CancelForm(request.POST),  # an optional reason
+        services.unpin_run,
+        "unpinned",
+        "Unpinned: retention purges this run when its time comes.",
+    )
 
 
 def purged_run(request: HttpRequest, run: Run, number: int | None) -> HttpResponse:
