@@ -900,6 +900,8 @@ def purged_run(request: HttpRequest, run: Run, number: int | None) -> HttpRespon
         **abilities(request),
     }
     return render(request, "debugger/run_purged.html", context)
+
+
 # --- short run ids in addresses: /runs/3f2a9c1e/... → /runs/<the whole id>/... ---------------
 
 

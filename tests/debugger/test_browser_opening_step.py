@@ -21,9 +21,7 @@ def played(*steps, goal):
     return drive(services.start_run("scripted", script(*steps, goal=goal)), through_backoff=True)
 
 
-def test_a_failed_run_opens_on_its_failed_step_and_a_retried_one_on_its_retry(
-    live_server, browser
-):
+def test_a_failed_run_opens_on_its_failed_step_and_a_retried_one_on_its_retry(live_server, browser):
     make_people()
     # Step 1 backs off once and succeeds; step 3 fails the run. The failure wins.
     failed = played(
