@@ -24,7 +24,8 @@ def test_cancelling_from_the_run_page_shows_the_pending_call_as_cancelled(client
     assert '<article class="call call-cancelled">' in html
     assert '<span class="badge cs-cancelled">cancelled</span>' in html
     assert 'cs-cancelled" title="write · cancelled"' in html  # the step list's chip
-    assert "awaiting approval" not in html
+    # No call shows as awaiting (the search form's status choices still list the status).
+    assert "cs-awaiting_approval" not in html and "awaiting approval</span>" not in html
 
     audit = client.get("/audit/").content.decode()
     assert '<span class="badge cs-cancelled">cancelled</span>' in audit
