@@ -64,7 +64,7 @@ def test_watching_the_cart_note_finds_the_stale_cart_and_the_fork_corrects_it(li
         # From the step, the watch form leads back to the value's previous and next change.
         page.locator(".watch-from-step").scroll_into_view_if_needed()
         shot(page, "72-watch-form-on-the-step", full_page=False)
-        page.fill("#watch-from-step", "/memory/notes/cart")
+        page.fill(".watch-from-step input[name=path]", "/memory/notes/cart")
         page.click(".watch-from-step button")
         page.wait_for_url("**/watch/?path=*")
         assert "previous change: step 2" in page.inner_text(".watch-around")
