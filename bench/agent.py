@@ -35,6 +35,15 @@ def workload_step(ctx: ToolContext, k: int, variant: str) -> dict[str, Any]:
     return workload.step_delta(k, variant)
 
 
+def check_workload_input(input: dict[str, Any]) -> None:
+    """The workload's input: {"variant": grow|flat, "n": steps}."""
+    if input.get("variant") not in workload.VARIANTS:
+        raise InvalidInput(f"variant must be one of {', '.join(workload.VARIANTS)}")
+    n = input.get("n")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InvalidInput("n must be a positive integer")
+
+
 @register
 class WorkloadAgent(Agent):
     name = "workload"
@@ -43,11 +52,7 @@ class WorkloadAgent(Agent):
 
     def validate_input(self, input: Any) -> None:
         super().validate_input(input)
-        if input.get("variant") not in workload.VARIANTS:
-            raise InvalidInput(f"variant must be one of {', '.join(workload.VARIANTS)}")
-        n = input.get("n")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise InvalidInput("n must be a positive integer")
+        check_workload_input(input)
 
     def initial_state(self, input: dict[str, Any]) -> dict[str, Any]:
         return workload.initial_state(input["variant"])

@@ -17,13 +17,13 @@ from agentrun.agents import (
     Call,
     CallResult,
     Decision,
-    InvalidInput,
     StateAgent,
     StepContext,
     register,
 )
 from agentrun.state import AgentState
 from agentrun.tools import ToolContext, tool
+from bench.agent import check_workload_input
 from bench.wl import workload
 
 TOOL = "workload_state_step"
@@ -45,11 +45,7 @@ class WorkloadStateAgent(StateAgent):
 
     def validate_input(self, input: Any) -> None:
         super().validate_input(input)
-        if input.get("variant") not in workload.VARIANTS:
-            raise InvalidInput(f"variant must be one of {', '.join(workload.VARIANTS)}")
-        n = input.get("n")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise InvalidInput("n must be a positive integer")
+        check_workload_input(input)
 
     def decide(self, state: dict[str, Any], ctx: StepContext) -> Decision:
         if ctx.step > ctx.input["n"]:
