@@ -339,18 +339,23 @@ def cancel_run(request: HttpRequest, run_id: Any) -> HttpResponse:
 
 
 def _with_reason(
-    request: HttpRequest, run_id: Any, action: Any, done: str, refused: str
+    request: HttpRequest,
+    run_id: Any,
+    action: Any,
+    done: str,
+    refused: str,
+    form_class: Any = CancelForm,
 ) -> HttpResponse:
     """An operator's action on a run that takes only a reason for the audit log."""
     run = get_run_for(request, run_id, "operate")
-    form = CancelForm(request.POST)
+    form = form_class(request.POST)
     if not form.is_valid():
         messages.error(request, f"{refused}: the reason {_form_problem(form)}")
         return _back(request, run)
     try:
         action(run, user=request.user, reason=form.cleaned_data["reason"])
         messages.success(request, done)
-    except services.ActionError as exc:
+    except (services.ActionError, services.PinError) as exc:
         messages.error(request, f"{refused}: {exc}")
     return _back(request, run)
 
@@ -844,45 +849,28 @@ def run_input_json(request: HttpRequest, run_id: Any) -> HttpResponse:
 # --- pins and purged runs (g-retention) ---------------------------------------------------
 
 
-def _pin_action(
-    request: HttpRequest, run_id: Any, form: Any, act: Any, verb: str, done: str
-) -> HttpResponse:
-    """Pin or unpin from the run page: the reason checked, the outcome as a message."""
-    run = get_run_for(request, run_id, "operate")
-    if not form.is_valid():
-        messages.error(request, f"Not {verb}: the reason {_form_problem(form)}")
-        return _back(request, run)
-    try:
-        act(run, user=request.user, reason=form.cleaned_data["reason"])
-        messages.success(request, done)
-    except (services.PinError, services.ActionError) as exc:
-        messages.error(request, f"Not {verb}: {exc}")
-    return _back(request, run)
-
-
 @role_required
 @require_POST
 def pin_run(request: HttpRequest, run_id: Any) -> HttpResponse:
-    return _pin_action(
+    return _with_reason(
         request,
         run_id,
-        PinForm(request.POST),
         services.pin_run,
-        "pinned",
         "Pinned: retention keeps this run and its fork lineage.",
+        "Not pinned",
+        PinForm,
     )
 
 
 @role_required
 @require_POST
 def unpin_run(request: HttpRequest, run_id: Any) -> HttpResponse:
-    return _pin_action(
+    return _with_reason(
         request,
         run_id,
-        CancelForm(request.POST),  # an optional reason
         services.unpin_run,
-        "unpinned",
         "Unpinned: retention purges this run when its time comes.",
+        "Not unpinned",
     )
 
 
