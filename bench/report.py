@@ -369,6 +369,9 @@ def render(results: dict[str, Any]) -> str:
     llm = Path(__file__).with_name("llm_results.json")
     if llm.exists():
         lines += ["", '<a id="llm-bound-runs"></a>', "", json.loads(llm.read_text())["markdown"]]
+    # The other benchmarks run by hand (bench/README.md); each leaves its section here.
+    for section in sorted(Path(__file__).with_name("results").glob("*.md")):
+        lines += ["", section.read_text().strip()]
     return "\n".join(lines) + "\n"
 
 
