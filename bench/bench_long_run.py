@@ -105,7 +105,7 @@ def server_side(run: Any, n_steps: int) -> dict[str, Any]:
     from django.db import connection
     from django.test import Client
 
-    from debugger.search import forget_result_texts, matching_steps
+    from debugger.search import forget_call_texts, matching_steps
 
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
     client = Client()
@@ -126,7 +126,7 @@ def server_side(run: Any, n_steps: int) -> dict[str, Any]:
         query = {k: v.replace("{late_result}", late_text) for k, v in query.items()}
         args = {k: (v == "1" if k in ("retried", "waits") else v) for k, v in query.items()}
         # Cold: this process has not read the run's result text yet, a new connection.
-        forget_result_texts()
+        forget_call_texts()
         connection.close()
         cold_ms, _ = median_ms(lambda args=args: matching_steps(run, **args), repeat=1)
         ms_q, found = median_ms(lambda args=args: matching_steps(run, **args))

@@ -1,4 +1,5 @@
-"""Search reads a run's tool results once per process, and a live run's new steps too."""
+"""Search reads a run's tool calls (arguments, results) once per process, and a live
+run's new steps too."""
 
 from __future__ import annotations
 
@@ -14,18 +15,18 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def reads(monkeypatch):
-    """The `from_step_id` of every read of stored results, in order."""
-    search.forget_result_texts()
+    """The `from_step_id` of every read of stored calls, in order."""
+    search.forget_call_texts()
     seen: list[int] = []
-    real = search.stored_results
+    real = search.stored_calls
 
     def counting(run_id, from_step_id=0):
         seen.append(from_step_id)
         return real(run_id, from_step_id)
 
-    monkeypatch.setattr(search, "stored_results", counting)
+    monkeypatch.setattr(search, "stored_calls", counting)
     yield seen
-    search.forget_result_texts()
+    search.forget_call_texts()
 
 
 def add_steps(run, numbers):
@@ -61,8 +62,17 @@ def test_a_finished_runs_results_are_read_once_and_searched_again_from_memory(pe
     assert matching_steps(run, q='"found": "value-5"') == set()  # stored compactly
     assert matching_steps(run, q='"found":"value-5"') == {5}
     assert matching_steps(run, q="value-5", tool="ledger_write") == {50}
+    assert matching_steps(run, q="ITEM-12") == {12}  # arguments
     assert matching_steps(run, q="no such text") == set()
     assert reads == [0]
+
+
+def test_text_outside_ascii_is_found_in_any_case(people, reads):
+    run = long_run(people["operator"], 5)
+    ToolCall.objects.filter(run=run, step__number=3).update(result={"found": "Ärger im Café"})
+    ToolCall.objects.filter(run=run, step__number=2).update(args={"item": "ÉTÉ"})
+    assert matching_steps(run, q="ärger IM café") == {3}
+    assert matching_steps(run, q="été") == {2}
 
 
 def test_a_live_runs_new_steps_are_found_after_it_was_searched(people, reads):
@@ -98,7 +108,7 @@ def test_without_room_in_the_cache_every_search_reads_the_results(people, reads,
 
 def test_text_no_result_can_hold_matches_nothing_not_even_across_two_results(people, reads):
     run = long_run(people["operator"], 20)
-    text = search.result_text(run)
+    text = search.call_text(run)
     assert text.steps_with("value-1") == set(
         Step.objects.filter(run=run, number__in=[1, *range(10, 20)]).values_list("pk", flat=True)
     )
