@@ -314,7 +314,7 @@ class History:
     changes: list[Change] = field(default_factory=list)
     current: Any = MISSING
     snapshots_read: int = 0  # snapshots whose data was read (deltas and keyframes)
-    more: bool = False  # stopped at `limit` changes: there are more after them
+    more: bool = False  # stopped after `limit` changes: there are more after them
 
     @property
     def display(self) -> str:
@@ -345,21 +345,28 @@ class History:
 
 
 def history(
-    run: Run, path: Path, upto: tuple[int, str] | None = None, *, limit: int | None = None
+    run: Run,
+    path: Path,
+    upto: tuple[int, str] | None = None,
+    *,
+    limit: int | None = None,
+    past_step: int | None = None,
 ) -> History:
     """Every change of the value at `path` in `run` (and, for a fork, in its parents
     before the fork point), oldest first. `upto`: stop at that (step, at) snapshot.
 
     `limit`: only the first `limit` changes; the scan stops at the next one (`more`),
     so a value that every step changes costs its first changes, not the whole run
-    (the value now is then read on its own, see `value_now`)."""
+    (the value now is then read on its own, see `value_now`). With `past_step` too,
+    the scan goes on to the run's first change after that step (`around` needs it)."""
     upto_seq = Snapshot.seq_for(*upto) if upto else None
-    scan = _Scan(path, limit)
+    scan = _Scan(path, limit, past_step)
     try:
         state, _ = scan.run(run, upto_seq, hops=0)
         current = resolve(state, path)
     except _Enough:
-        del scan.changes[limit:]
+        if past_step is None:
+            del scan.changes[limit:]
         current = value_now(run, path, upto_seq, scan)
     assert scan.start is not None
     return History(
@@ -369,7 +376,7 @@ def history(
         changes=scan.changes,
         current=current,
         snapshots_read=scan.read,
-        more=len(scan.changes) == limit and scan.stopped,
+        more=scan.stopped,
     )
 
 
@@ -381,9 +388,11 @@ class _Enough(Exception):
 
 
 class _Scan:
-    def __init__(self, path: Path, limit: int | None = None) -> None:
+    def __init__(self, path: Path, limit: int | None = None, past_step: int | None = None) -> None:
         self.path = path
         self.limit = limit
+        self.past_step = past_step
+        self.past = past_step is None  # a change of this run after past_step was found
         self.changes: list[Change] = []
         self.read = 0
         self.start: Start | None = None
@@ -457,7 +466,9 @@ class _Scan:
         else:
             kind = how[0]
         self.changes.append(Change(run_id, step, at, seq, kind, how[1], before, after, inherited))
-        if self.limit is not None and len(self.changes) > self.limit:
+        if self.past_step is not None and not self.past and not inherited and step > self.past_step:
+            self.past = True
+        if self.limit is not None and len(self.changes) > self.limit and self.past:
             self.stopped = True
             raise _Enough
 

@@ -932,9 +932,9 @@ def watch_value(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         return render(request, "debugger/watch.html", context, status=400)
     number = request.GET.get("page", "")
     number = int(number) if number.isdigit() and 0 < len(number) < 7 else 1
-    # Read only as far as this page (and one change more), unless asked where a step is.
-    limit = None if step is not None else max(number * WATCH_PER_PAGE, watch.COUNTED)
-    found = watch.history(run, path, limit=limit)
+    # Read only as far as this page (and one change more), and past the step asked about.
+    limit = max(number * WATCH_PER_PAGE, watch.COUNTED)
+    found = watch.history(run, path, limit=limit, past_step=step)
     page = WatchPage(number, len(found.changes), found.more)
     details = watch.step_details(found.changes[i] for i in page.object_list)
     display = found.display

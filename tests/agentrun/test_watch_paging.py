@@ -96,3 +96,15 @@ def test_the_value_now_is_read_through_keyframes_too():
         assert key(watch.value_now(run, path)) == key(watch.history(run, path).current), text
         limited = watch.history(run, path, limit=1)
         assert key(limited.current) == key(watch.resolve(states[-1] | {"pad": ""}, path)), text
+
+
+def test_a_limited_history_around_a_step_goes_on_to_the_first_change_after_it():
+    run = chain(*({"n": k} for k in range(40)))
+    h = watch.history(run, parse_path("n"), limit=2, past_step=10)
+    assert [c.step for c in h.changes] == list(range(1, 12))
+    assert h.more and h.current == 39
+    before, at, after = h.around(10)
+    assert (before.step, at.step, after.step) == (9, 10, 11)
+    # A step after the last change: the whole history, nothing more.
+    h = watch.history(run, parse_path("n"), limit=2, past_step=50)
+    assert len(h.changes) == 39 and not h.more
