@@ -819,7 +819,7 @@ def get_history(
     """A fork's history goes on into its parent before the fork point (`inherited`).
 
     Paged, oldest first: the run is read only as far as the page needs (and a little
-    further, to count a history of up to 500 changes whole). A longer history's `count`
+    further, to count a history of up to 200 changes whole). A longer history's `count`
     is null until its last page; `more` and `next_offset` say where the next page starts.
     """
     run = _get_run(run_id)

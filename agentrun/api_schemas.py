@@ -534,7 +534,7 @@ class PathHistory(Response):
     exists_now: bool = Field(description="The latest snapshot has it.")
     start: ValueStart = Field(description="The value when the (oldest) run began.")
     count: int | None = Field(
-        description="All changes, not just this page; null when there are more than 500 "
+        description="All changes, not just this page; null when there are more than 200 "
         "and this page is not the last (the run is read only as far as the page)."
     )
     more: bool = Field(description="Changes after this page: ask for `next_offset`.")

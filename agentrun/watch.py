@@ -50,7 +50,7 @@ MAX_PATH_DEPTH = 64
 #: Keys of an op's path kept in the index; deeper changes are recorded at this depth.
 INDEX_DEPTH = 4
 #: A paged history is scanned for at least this many changes: up to it, it is counted whole.
-COUNTED = 500
+COUNTED = 200
 #: Forks of forks followed into their parents at most (a fork's read crosses at most 16).
 MAX_HOPS = 32
 
