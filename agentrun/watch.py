@@ -577,7 +577,9 @@ def _now_backwards(run: Run, path: Path, upto_seq: int | None, scan: _Scan) -> A
     if any(type(p) is int and p < 0 for p in path):
         return _UNKNOWN  # which item depends on the list's length
     inside: list[list] = []  # ops within the value, newest first
-    for kind, data in _newest(run, path, upto_seq)[:BACK_ROWS]:
+    newest = _newest(run, path, upto_seq)
+    # The newest few first: most values are set whole by their latest change.
+    for kind, data in itertools.chain(newest[:8], newest[8:BACK_ROWS]):
         scan.read += 1
         if kind == SnapshotKind.FULL:
             base = resolve(data, path)

@@ -6,7 +6,8 @@ through its (run, number) index, the tool calls through toolcall_run_search, whi
 answers the call criteria without reading the wide rows). Results are stored
 zlib-compressed, so no SQL can look inside them: a text is searched for in the run's
 call text (arguments and results), read once per process and kept (see `call_text`),
-for the steps the other criteria left. See bench/bench_long_run.py for the figures at 10,000 steps.
+for the steps the other criteria left. bench/bench_long_run.py has the figures at
+10,000 steps.
 """
 
 from __future__ import annotations
