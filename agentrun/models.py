@@ -471,6 +471,11 @@ class ToolCall(models.Model):
             ),
             # The per-run read cache, and every per-run lookup.
             models.Index(fields=["run", "tool", "args_hash"], name="toolcall_run_tool_args"),
+            # Search within a run (debugger.search): which steps have a call of this tool,
+            # kind or status, answered from the index alone (the rows hold the results).
+            models.Index(
+                fields=["run", "tool", "kind", "status", "step"], name="toolcall_run_search"
+            ),
         ]
 
     def __str__(self) -> str:
