@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
+from itertools import islice
 from typing import IO, Any
 
 from django.conf import settings
@@ -43,6 +44,7 @@ from agentrun.models import (
     SnapshotKind,
     Step,
     ToolCall,
+    inflate_many,
 )
 from agentrun.state import SCHEMA_VERSION
 
@@ -138,13 +140,17 @@ def _rows(qs: Any, fields: list[Any], *extra: str) -> Iterator[dict[str, Any]]:
         else:
             columns.append(f.attname)
     names = [f.name for f in fields] + list(extra)
-    packed = {f.name for f in fields if isinstance(f, CompressedJSONField)}
-    for row in qs.values_list(*columns, *extra).iterator(chunk_size=500):
-        values = dict(zip(names, row, strict=True))
-        for name in packed:
-            blob = values[name]
-            values[name] = Raw(b"null" if blob is None else zlib.decompress(blob))
-        yield {k: _plain(v) for k, v in values.items()}
+    packed = [names.index(f.name) for f in fields if isinstance(f, CompressedJSONField)]
+    rows = qs.values_list(*columns, *extra).iterator(chunk_size=500)
+    while chunk := [list(row) for row in islice(rows, 500)]:
+        for i in packed:
+            # A packed tool result reads its step's delta: one query a chunk (inflate_many).
+            blobs = [row[i] for row in chunk if row[i] is not None]
+            texts = iter(inflate_many(blobs))
+            for row in chunk:
+                row[i] = Raw(b"null" if row[i] is None else next(texts))
+        for row in chunk:
+            yield {k: _plain(v) for k, v in zip(names, row, strict=True)}
 
 
 # --- export --------------------------------------------------------------------------------

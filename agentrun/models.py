@@ -296,17 +296,95 @@ class JSONText(models.TextField):
         return None if value is None else json.loads(value)
 
     def get_prep_value(self, value: Any) -> Any:
-        return None if value is None else _json_text(value)
+        return None if value is None else json_text(value)
 
 
-def _json_text(value: Any) -> str:
-    """Compact JSON; a lone surrogate (not UTF-8 encodable) is kept as a \\u escape."""
+def json_text(value: Any) -> str:
+    """Compact JSON, as the JSON columns store it; a lone surrogate (not UTF-8 encodable) is kept as a \\u escape."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     try:
         text.encode()
     except UnicodeEncodeError:
         text = json.dumps(value, separators=(",", ":"), allow_nan=False)
     return text
+
+
+class Prepared(bytes):
+    """A compressed column value computed already: stored as it is."""
+
+
+# A value packed against another row's JSON text (zlib's preset dictionary): a tool
+# result against its step's post delta, which holds the same text once the agent has put
+# the result in its state, so the result costs only what the delta lacks. Its bytes:
+# PACKED, the run's id (16 bytes), the seq of the run's snapshot whose data is the
+# dictionary (4 bytes, big-endian), then a zlib stream (whose dictionary id checks it).
+# A zlib stream never starts with PACKED (its first byte has 8 in its low bits).
+PACKED = 0x01
+_LOCATOR = 1 + 16 + 4
+
+
+def pack(value: Any, run_id: Any, seq: int, zdict: bytes) -> Prepared:
+    """`value` compressed against `zdict`, the JSON text of snapshot `seq` of `run_id`
+    (or compressed alone, when that comes out smaller)."""
+    text = json_text(value).encode()
+    z = zlib.compressobj(CompressedJSONField.level, zdict=zdict)
+    body = z.compress(text) + z.flush()
+    plain = None
+    if len(body) * 4 > len(text):  # the dictionary didn't hold much of it
+        plain = zlib.compress(text, CompressedJSONField.level)
+        if len(plain) <= len(body) + _LOCATOR:
+            return Prepared(plain)
+    run = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+    return Prepared(bytes([PACKED]) + run.bytes + seq.to_bytes(4, "big") + body)
+
+
+def _locator(blob: bytes) -> tuple[uuid.UUID, int]:
+    return uuid.UUID(bytes=bytes(blob[1:17])), int.from_bytes(blob[17:_LOCATOR], "big")
+
+
+def _unpack(blob: bytes, zdict: bytes) -> bytes:
+    z = zlib.decompressobj(zdict=zdict)
+    return z.decompress(blob[_LOCATOR:]) + z.flush()
+
+
+def _dictionaries(wanted: set[tuple[uuid.UUID, int]]) -> dict[tuple[uuid.UUID, int], bytes]:
+    """The JSON text of these (run, seq) snapshots, one query per run."""
+    by_run: dict[uuid.UUID, list[int]] = {}
+    for run_id, seq in wanted:
+        by_run.setdefault(run_id, []).append(seq)
+    found: dict[tuple[uuid.UUID, int], bytes] = {}
+    raw = models.ExpressionWrapper(models.F("data"), output_field=models.BinaryField())
+    for run_id, seqs in by_run.items():
+        rows = Snapshot.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", raw)
+        for seq, data in rows:
+            if data is not None:
+                found[(run_id, seq)] = inflate(data)
+    return found
+
+
+def inflate(blob: bytes) -> bytes:
+    """The JSON text (UTF-8) of a compressed column's stored bytes."""
+    if blob[:1] != b"\x01":
+        return zlib.decompress(blob)
+    return inflate_many([blob])[0]
+
+
+def inflate_many(blobs: list[bytes]) -> list[bytes]:
+    """inflate() for many values: the dictionaries of packed ones in one query per run."""
+    wanted = {_locator(b) for b in blobs if b[:1] == b"\x01"}
+    zdicts = _dictionaries(wanted) if wanted else {}
+    out = []
+    for blob in blobs:
+        if blob[:1] != b"\x01":
+            out.append(zlib.decompress(blob))
+            continue
+        key = _locator(blob)
+        if key not in zdicts:
+            raise ValueError(
+                f"a packed value refers to snapshot {key[1]} of run {key[0]}, which is gone"
+            )
+        out.append(_unpack(blob, zdicts[key]))
+    return out
 
 
 class CompressedJSONField(models.Field):
@@ -317,6 +395,8 @@ class CompressedJSONField(models.Field):
     results are mostly prose; PostgreSQL's own pglz packs it a third less and only
     tries on rows over 2 KB. The conversion happens in get_db_prep_value and
     from_db_value, so raw SQL can insert `field.get_db_prep_value(value, connection)`.
+    A value may also be stored packed against a snapshot's text (`pack`): reading it
+    reads that snapshot's data too; `inflate` turns any stored bytes into the text.
     """
 
     description = "JSON, zlib-compressed"
@@ -329,13 +409,15 @@ class CompressedJSONField(models.Field):
     def get_prep_value(self, value: Any) -> Any:
         if value is None:
             return None
-        return zlib.compress(_json_text(value).encode(), self.level)
+        if isinstance(value, Prepared):
+            return bytes(value)
+        return zlib.compress(json_text(value).encode(), self.level)
 
     def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
         return value if prepared else self.get_prep_value(value)
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
-        return None if value is None else json.loads(zlib.decompress(value))
+        return None if value is None else json.loads(inflate(value))
 
     def to_python(self, value: Any) -> Any:
         return value
@@ -457,9 +539,9 @@ class ToolCall(models.Model):
     class Meta:
         ordering = ["run", "step__number", "index"]
         constraints = [
+            # Also makes idempotency keys unique: a key is {run}:{step}:{index}:... (the
+            # engine's idempotency_key), so no index of its own (a fifth of a read call's bytes).
             models.UniqueConstraint(fields=["step", "index"], name="toolcall_step_index"),
-            # A constraint, not unique=True: on PostgreSQL that adds a second (LIKE) index.
-            models.UniqueConstraint(fields=["idempotency_key"], name="toolcall_idempotency_key"),
         ]
         indexes = [
             # The audit page (side effects, newest first) and the reconciler's hybrid

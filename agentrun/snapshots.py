@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import json
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any
 from django.db.models import DEFERRED
 
 from agentrun import delta, hashing, rawsql
-from agentrun.models import Snapshot, SnapshotKind
+from agentrun.models import CompressedJSONField, Prepared, Snapshot, SnapshotKind, json_text, pack
 from agentrun.watch import touched_paths
 
 
@@ -141,6 +142,26 @@ def reference(run_id: Any, step: int, at: str, prev: Snapshot) -> Snapshot:
             "outcome": "",
         },
     )
+
+
+def insert_values(snapshot: Snapshot) -> tuple[dict[str, Any], bytes | None]:
+    """The fields to insert an unsaved snapshot with, and, for a delta, its JSON text:
+    the dictionary its step's read results are packed against (`pack_result`)."""
+    values = rawsql.insert_fields(snapshot)
+    if snapshot.kind != SnapshotKind.DELTA:
+        return values, None
+    text = json_text(snapshot.data).encode()
+    values["data"] = Prepared(zlib.compress(text, CompressedJSONField.level))
+    return values, text
+
+
+def pack_result(result: Any, snapshot: Snapshot, text: bytes) -> Any:
+    """A read call's result as stored with its step's post `snapshot` (a delta whose JSON
+    text is `text`): the agent has put it in its state, so the delta holds it already,
+    and the result is stored as what the delta lacks. Reading it reads the delta too."""
+    if result is None:
+        return None
+    return pack(result, snapshot.run_id, snapshot.seq, text)
 
 
 @contextmanager

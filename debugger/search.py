@@ -11,7 +11,6 @@ reads about one compressed result per step (see bench/bench_long_run.py).
 from __future__ import annotations
 
 import re
-import zlib
 from typing import Any, cast
 
 from django import forms
@@ -19,7 +18,7 @@ from django.db import connection
 from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 
-from agentrun.models import Event, Run, Step, StepStatus, ToolCall, ToolCallStatus
+from agentrun.models import Event, Run, Step, StepStatus, ToolCall, ToolCallStatus, inflate_many
 from debugger.timeline import WAIT_EVENTS
 
 PHASES = ("idle", "planning", "executing", "reflecting", "waiting", "done", "error")
@@ -143,9 +142,11 @@ def _in_results(run: Run, candidates: dict[int, int], text: str) -> set[int]:
             f"SELECT step_id, result FROM {table} WHERE run_id = %s AND result IS NOT NULL",  # noqa: S608 - table name from the model
             [run.pk.hex if connection.vendor == "sqlite" else run.pk],
         )
-        for step_id, blob in cursor:
-            if step_id in found or step_id not in candidates:
-                continue
-            if needle.search(zlib.decompress(blob)):
+        rows = [(s, blob) for s, blob in cursor if s in candidates]
+    # Packed results read their step's delta too (agentrun.models.pack): a query a batch.
+    for i in range(0, len(rows), 500):
+        batch = [(s, blob) for s, blob in rows[i : i + 500] if s not in found]
+        for (step_id, _), text in zip(batch, inflate_many([b for _, b in batch]), strict=True):
+            if needle.search(text):
                 found.add(step_id)
     return {candidates[pk] for pk in found}

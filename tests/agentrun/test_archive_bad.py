@@ -75,9 +75,10 @@ def too_long(recs):
 
 
 def call_twice(recs):
-    """Passes every check pass one makes; the database's unique key refuses it in pass two."""
+    """Passes every check pass one makes; the database's unique key (a step's call
+    index) refuses it in pass two."""
     call = first(recs, "tool_call")
-    recs.insert(recs.index(call), copy.deepcopy(call) | {"index": 7})
+    recs.insert(recs.index(call), copy.deepcopy(call))
     recs[0]["runs"][0]["tool_calls"] += 1
     return archives.pack(recs)
 
