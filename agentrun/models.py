@@ -10,8 +10,10 @@ import contextlib
 import hashlib
 import json
 import secrets
+import threading
 import uuid
 import zlib
+from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -313,78 +315,121 @@ class Prepared(bytes):
     """A compressed column value computed already: stored as it is."""
 
 
-# A value packed against another row's JSON text (zlib's preset dictionary): a tool
-# result against its step's post delta, which holds the same text once the agent has put
-# the result in its state, so the result costs only what the delta lacks. Its bytes:
-# PACKED, the run's id (16 bytes), the seq of the run's snapshot whose data is the
-# dictionary (4 bytes, big-endian), then a zlib stream (whose dictionary id checks it).
-# A zlib stream never starts with PACKED (its first byte has 8 in its low bits).
+# A value packed against another snapshot's JSON text, as zlib's preset dictionary:
+# - a read call's result against its step's post delta, which holds the same text once
+#   the agent has put the result in its state: the result costs what the delta lacks;
+# - a delta against the text of its keyframe, which the reads of the delta read first
+#   anyway: the run's own words, names and keys are then cheap to repeat.
+# Its bytes: PACKED, the run's id (16 bytes), the seq of the run's snapshot whose data is
+# the dictionary (4 bytes, big-endian), then a zlib stream whose header holds the
+# dictionary's checksum. A zlib stream never starts with PACKED (its first byte has 8 in
+# its low bits), so the two kinds of value tell themselves apart.
 PACKED = 0x01
+_MARK = b"\x01"
 _LOCATOR = 1 + 16 + 4
+#: zlib looks back 32 KiB at most: only a dictionary's last 32 KiB count.
+WINDOW = 32 * 1024
+
+Key = tuple[uuid.UUID, int]
+# The last WINDOW bytes of recently used dictionaries, by (run, seq). Snapshots never
+# change; a run deleted and imported again under its id may hold other text, which the
+# stream's checksum catches: then the dictionary is read again (_unpack).
+_TAILS: OrderedDict[Key, bytes] = OrderedDict()
+_TAILS_MAX = 64
 
 
-def pack(value: Any, run_id: Any, seq: int, zdict: bytes) -> Prepared:
-    """`value` compressed against `zdict`, the JSON text of snapshot `seq` of `run_id`
+_TAILS_LOCK = threading.Lock()
+
+
+def remember_dictionary(run_id: Any, seq: int, text: bytes) -> None:
+    """Keep the text of a snapshot this process has just committed (or read)."""
+    key = (_uuid(run_id), seq)
+    with _TAILS_LOCK:
+        _TAILS[key] = text[-WINDOW:]
+        _TAILS.move_to_end(key)
+        while len(_TAILS) > _TAILS_MAX:
+            _TAILS.popitem(last=False)
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def pack_text(text: bytes, run_id: Any, seq: int, zdict: bytes) -> Prepared:
+    """JSON `text` compressed against `zdict`, the text of snapshot `seq` of `run_id`
     (or compressed alone, when that comes out smaller)."""
-    text = json_text(value).encode()
-    z = zlib.compressobj(CompressedJSONField.level, zdict=zdict)
+    z = zlib.compressobj(CompressedJSONField.level, zdict=zdict[-WINDOW:])
     body = z.compress(text) + z.flush()
-    plain = None
-    if len(body) * 4 > len(text):  # the dictionary didn't hold much of it
+    if len(body) * 4 > len(text):  # the dictionary held little of it
         plain = zlib.compress(text, CompressedJSONField.level)
         if len(plain) <= len(body) + _LOCATOR:
             return Prepared(plain)
-    run = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
-    return Prepared(bytes([PACKED]) + run.bytes + seq.to_bytes(4, "big") + body)
+    return Prepared(_MARK + _uuid(run_id).bytes + seq.to_bytes(4, "big") + body)
 
 
-def _locator(blob: bytes) -> tuple[uuid.UUID, int]:
+def pack(value: Any, run_id: Any, seq: int, zdict: bytes) -> Prepared:
+    """pack_text for a JSON value."""
+    return pack_text(json_text(value).encode(), run_id, seq, zdict)
+
+
+def _locator(blob: bytes) -> Key:
     return uuid.UUID(bytes=bytes(blob[1:17])), int.from_bytes(blob[17:_LOCATOR], "big")
 
 
-def _unpack(blob: bytes, zdict: bytes) -> bytes:
-    z = zlib.decompressobj(zdict=zdict)
-    return z.decompress(blob[_LOCATOR:]) + z.flush()
-
-
-def _dictionaries(wanted: set[tuple[uuid.UUID, int]]) -> dict[tuple[uuid.UUID, int], bytes]:
-    """The JSON text of these (run, seq) snapshots, one query per run."""
+def dictionaries(wanted: set[Key]) -> dict[Key, bytes]:
+    """The (last WINDOW bytes of the) JSON text of these (run, seq) snapshots, from
+    memory or one query per run; a snapshot that is gone is left out."""
+    with _TAILS_LOCK:
+        found = {k: _TAILS[k] for k in wanted if k in _TAILS}
     by_run: dict[uuid.UUID, list[int]] = {}
-    for run_id, seq in wanted:
+    for run_id, seq in wanted - found.keys():
         by_run.setdefault(run_id, []).append(seq)
-    found: dict[tuple[uuid.UUID, int], bytes] = {}
     raw = models.ExpressionWrapper(models.F("data"), output_field=models.BinaryField())
     for run_id, seqs in by_run.items():
         rows = Snapshot.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", raw)
         for seq, data in rows:
             if data is not None:
-                found[(run_id, seq)] = inflate(data)
+                text = inflate(data)
+                remember_dictionary(run_id, seq, text)
+                found[(run_id, seq)] = text[-WINDOW:]
     return found
 
 
-def inflate(blob: bytes) -> bytes:
-    """The JSON text (UTF-8) of a compressed column's stored bytes."""
-    if blob[:1] != b"\x01":
+def _unpack(blob: bytes, zdicts: dict[Key, bytes]) -> bytes:
+    key = _locator(blob)
+    for attempt in range(2):
+        zdict = zdicts.get(key)
+        if zdict is None:
+            raise ValueError(
+                f"a packed value refers to snapshot {key[1]} of run {key[0]}, which is gone"
+            )
+        try:
+            z = zlib.decompressobj(zdict=zdict)
+            return z.decompress(blob[_LOCATOR:]) + z.flush()
+        except zlib.error:
+            if attempt:
+                raise
+            with _TAILS_LOCK:
+                _TAILS.pop(key, None)  # remembered from a run since deleted: read it again
+            zdicts = dictionaries({key})
+    raise AssertionError("unreachable")
+
+
+def inflate(blob: bytes, zdicts: dict[Key, bytes] | None = None) -> bytes:
+    """The JSON text (UTF-8) of a compressed column's stored bytes; `zdicts`: the
+    dictionaries at hand (else from memory or the database)."""
+    if blob[:1] != _MARK:
         return zlib.decompress(blob)
-    return inflate_many([blob])[0]
+    key = _locator(blob)
+    if zdicts is None or key not in zdicts:
+        zdicts = dictionaries({key})
+    return _unpack(blob, zdicts)
 
 
 def inflate_many(blobs: list[bytes]) -> list[bytes]:
     """inflate() for many values: the dictionaries of packed ones in one query per run."""
-    wanted = {_locator(b) for b in blobs if b[:1] == b"\x01"}
-    zdicts = _dictionaries(wanted) if wanted else {}
-    out = []
-    for blob in blobs:
-        if blob[:1] != b"\x01":
-            out.append(zlib.decompress(blob))
-            continue
-        key = _locator(blob)
-        if key not in zdicts:
-            raise ValueError(
-                f"a packed value refers to snapshot {key[1]} of run {key[0]}, which is gone"
-            )
-        out.append(_unpack(blob, zdicts[key]))
-    return out
+    zdicts = dictionaries({_locator(b) for b in blobs if b[:1] == _MARK})
+    return [inflate(b, zdicts) for b in blobs]
 
 
 class CompressedJSONField(models.Field):

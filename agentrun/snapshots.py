@@ -29,7 +29,18 @@ from typing import Any
 from django.db.models import DEFERRED
 
 from agentrun import delta, hashing, rawsql
-from agentrun.models import CompressedJSONField, Prepared, Snapshot, SnapshotKind, json_text, pack
+from agentrun.models import (
+    CompressedJSONField,
+    Prepared,
+    Snapshot,
+    SnapshotKind,
+    _uuid,
+    dictionaries,
+    json_text,
+    pack,
+    pack_text,
+    remember_dictionary,
+)
 from agentrun.watch import touched_paths
 
 
@@ -145,22 +156,39 @@ def reference(run_id: Any, step: int, at: str, prev: Snapshot) -> Snapshot:
 
 
 def insert_values(snapshot: Snapshot) -> tuple[dict[str, Any], bytes | None]:
-    """The fields to insert an unsaved snapshot with, and, for a delta, its JSON text:
-    the dictionary its step's read results are packed against (`pack_result`)."""
+    """The fields to insert an unsaved snapshot with, and the JSON text of its data.
+
+    A delta is packed against its keyframe's text (models.pack_text), which every read
+    of it reads first. Its text is also the dictionary its step's read results are
+    packed against (`pack_result`). Once the insert is committed, `committed(snapshot,
+    text)` lets the next deltas find their keyframe's text in memory.
+    """
     values = rawsql.insert_fields(snapshot)
-    if snapshot.kind != SnapshotKind.DELTA:
+    if snapshot.kind not in (SnapshotKind.DELTA, SnapshotKind.FULL):
         return values, None
     text = json_text(snapshot.data).encode()
-    values["data"] = Prepared(zlib.compress(text, CompressedJSONField.level))
+    data: bytes | None = None
+    if snapshot.kind == SnapshotKind.DELTA:
+        key = (_uuid(snapshot.run_id), snapshot.keyframe_seq)
+        keyframe = dictionaries({key}).get(key)
+        if keyframe is not None:
+            data = pack_text(text, snapshot.run_id, snapshot.keyframe_seq, keyframe)
+    values["data"] = data or Prepared(zlib.compress(text, CompressedJSONField.level))
     return values, text
 
 
-def pack_result(result: Any, snapshot: Snapshot, text: bytes) -> Any:
+def committed(snapshot: Snapshot, text: bytes | None) -> None:
+    """A snapshot written with insert_values is committed: keep a keyframe's text."""
+    if text is not None and snapshot.kind == SnapshotKind.FULL:
+        remember_dictionary(snapshot.run_id, snapshot.seq, text)
+
+
+def pack_result(result: Any, snapshot: Snapshot, text: bytes | None) -> Any:
     """A read call's result as stored with its step's post `snapshot` (a delta whose JSON
     text is `text`): the agent has put it in its state, so the delta holds it already,
     and the result is stored as what the delta lacks. Reading it reads the delta too."""
-    if result is None:
-        return None
+    if result is None or text is None or snapshot.kind != SnapshotKind.DELTA:
+        return result
     return pack(result, snapshot.run_id, snapshot.seq, text)
 
 

@@ -161,7 +161,7 @@ def _write_post(
         run_changes.update(lease_owner=ctx.owner, lease_expires_at=lease_expiry())
     # One guarded write: the compare-and-set on the run, then everything else.
     write = rawsql.Guarded(*run_update(ctx, run_changes))
-    snap_values, delta_text = snapshots.insert_values(snap)
+    snap_values, snap_text = snapshots.insert_values(snap)
     write.insert(Snapshot, snap_values, returning=True)
     new_calls = [tc for tc in ctx.pending if tc.pk is None]
     for tc in ctx.pending:
@@ -171,8 +171,8 @@ def _write_post(
             values = {f: getattr(tc, f) for f in CALL_FIELDS}
         # A read's result is stored once: against the post delta that holds it. (Calls
         # with side effects outlive their run's snapshots in the audit: stored whole.)
-        if delta_text is not None and tc.kind == "read":
-            values["result"] = snapshots.pack_result(tc.result, snap, delta_text)
+        if tc.kind == "read":
+            values["result"] = snapshots.pack_result(tc.result, snap, snap_text)
         if tc.pk is None:
             write.insert(ToolCall, values, returning=True)
         else:
@@ -226,6 +226,7 @@ def _write_post(
     # Until its next write (a chained step's decision comes after a model call), the
     # step needs no connection: another step in this process can have it.
     release_connection()
+    snapshots.committed(snap, snap_text)
     mark_saved(snap, ids[0])
     for tc, pk in zip(new_calls, ids[1 : 1 + len(new_calls)], strict=True):
         mark_saved(tc, pk)
