@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import socket
 import uuid
 import zlib
@@ -38,6 +39,7 @@ from agentrun import delta, hashing, snapshots
 from agentrun.models import (
     CompressedJSONField,
     Event,
+    HashField,
     Run,
     RunLabel,
     Snapshot,
@@ -52,6 +54,7 @@ FORMAT = "agentrun-run-archive"
 FORMAT_VERSION = 1
 MEDIA_TYPE = "application/gzip"
 CHUNK = 256 * 1024
+_HEX = re.compile(r"(?:[0-9a-f]{2}){1,64}")
 
 
 class ArchiveError(ValueError):
@@ -494,6 +497,8 @@ class _Column:
             kind = "float"
         elif isinstance(f, models.CharField | models.TextField) and not hasattr(f, "from_db_value"):
             kind = "text"
+        elif isinstance(f, HashField):
+            kind = "hash"
         else:
             kind = "json"
         choices = frozenset(str(c[0]) for c in f.flatchoices) if f.choices else None
@@ -516,6 +521,8 @@ class _Column:
                 raise ArchiveError(
                     f"{where}: {self.name} is longer than {self.max_length} characters"
                 )
+        elif kind == "hash":  # hex text, stored as its bytes
+            ok = type(value) is str and _HEX.fullmatch(value) is not None
         elif kind == "bool":
             ok = type(value) is bool
         elif kind == "float":

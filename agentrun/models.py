@@ -474,6 +474,38 @@ class CompressedJSONField(models.Field):
         return super().formfield(**{"form_class": forms.JSONField, **kwargs})
 
 
+class HashField(models.Field):
+    """A SHA-256 digest (or a shorter hex digest): its hex text in Python, its bytes stored
+    (bytea on PostgreSQL, BLOB on SQLite), half the size of the text and its index entries.
+    Lookups by equality take the hex text; no text lookup (startswith...) applies."""
+
+    description = "a hex digest, stored as bytes"
+    empty_strings_allowed = False
+
+    def get_internal_type(self) -> str:
+        return "BinaryField"
+
+    def get_prep_value(self, value: Any) -> Any:
+        if value is None or isinstance(value, bytes | memoryview):
+            return value
+        return bytes.fromhex(value)
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        return value if prepared else self.get_prep_value(value)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        return None if value is None else bytes(value).hex()
+
+    def to_python(self, value: Any) -> Any:
+        return value
+
+    def value_to_string(self, obj: Any) -> Any:
+        return self.value_from_object(obj)
+
+    def formfield(self, **kwargs: Any) -> Any:
+        return super().formfield(**{"form_class": forms.CharField, **kwargs})
+
+
 class SnapshotKind(models.TextChoices):
     FULL = "full"  # a keyframe: the whole state
     DELTA = "delta"  # ops against the previous snapshot of the run
@@ -501,7 +533,7 @@ class Snapshot(models.Model):
     kind = models.CharField(max_length=8, choices=SnapshotKind.choices)
     data = CompressedJSONField(null=True, blank=True)
     keyframe_seq = models.IntegerField()
-    hash = models.CharField(max_length=64)
+    hash = HashField()
     size = models.IntegerField(help_text="bytes of the whole state as compact JSON")
     stored_bytes = models.IntegerField(
         default=0, help_text="bytes of data as compact JSON (stored compressed)"
@@ -567,7 +599,7 @@ class ToolCall(models.Model):
     tool = models.CharField(max_length=100)
     kind = models.CharField(max_length=8)
     args = models.JSONField(default=dict)
-    args_hash = models.CharField(max_length=64)
+    args_hash = HashField()
     idempotency_key = models.CharField(max_length=300)
     status = models.CharField(max_length=20, choices=ToolCallStatus.choices)
     result = CompressedJSONField(null=True, blank=True)
