@@ -318,53 +318,57 @@ class Prepared(bytes):
 # A value packed against another snapshot's JSON text, as zlib's preset dictionary:
 # - a read call's result against its step's post delta, which holds the same text once
 #   the agent has put the result in its state: the result costs what the delta lacks;
-# - a delta against the text of its keyframe, which the reads of the delta read first
-#   anyway: the run's own words, names and keys are then cheap to repeat.
-# Its bytes: PACKED, the run's id (16 bytes), the seq of the run's snapshot whose data is
+# - a delta against the end of its keyframe's text, which the reads of the delta read
+#   first anyway: the run's own words, names and keys are then cheap to repeat.
+# Its bytes: a mark, the run's id (16 bytes), the seq of the run's snapshot whose data is
 # the dictionary (4 bytes, big-endian), then a zlib stream whose header holds the
-# dictionary's checksum. A zlib stream never starts with PACKED (its first byte has 8 in
-# its low bits), so the two kinds of value tell themselves apart.
-PACKED = 0x01
-_MARK = b"\x01"
+# dictionary's checksum. The mark says how much of the text's end is the dictionary:
+# FULL_WINDOW (zlib looks back 32 KiB at most) or SHORT_WINDOW, which costs a read a
+# quarter of the time to set up and keeps most of the gain (a delta's). A zlib stream
+# never starts with a mark (its first byte has 8 in its low bits).
+FULL_WINDOW, SHORT_WINDOW = 32 * 1024, 8 * 1024
+_WINDOWS = {b"\x01": FULL_WINDOW, b"\x02": SHORT_WINDOW}
+_MARKS = {size: mark for mark, size in _WINDOWS.items()}
+PACKED = 0x01  # the mark of a result (FULL_WINDOW)
 _LOCATOR = 1 + 16 + 4
-#: zlib looks back 32 KiB at most: only a dictionary's last 32 KiB count.
-WINDOW = 32 * 1024
 
-Key = tuple[uuid.UUID, int]
-# The last WINDOW bytes of recently used dictionaries, by (run, seq). Snapshots never
-# change; a run deleted and imported again under its id may hold other text, which the
-# stream's checksum catches: then the dictionary is read again (_unpack).
-_TAILS: OrderedDict[Key, bytes] = OrderedDict()
+# The last FULL_WINDOW bytes of recently used dictionaries, by locator (run id bytes + seq).
+# Snapshots never change; a run deleted and imported again under its id may hold other
+# text, which the stream's checksum catches: then the dictionary is read again (inflate).
+_TAILS: OrderedDict[bytes, bytes] = OrderedDict()
 _TAILS_MAX = 64
-
-
 _TAILS_LOCK = threading.Lock()
-
-
-def remember_dictionary(run_id: Any, seq: int, text: bytes) -> None:
-    """Keep the text of a snapshot this process has just committed (or read)."""
-    key = (_uuid(run_id), seq)
-    with _TAILS_LOCK:
-        _TAILS[key] = text[-WINDOW:]
-        _TAILS.move_to_end(key)
-        while len(_TAILS) > _TAILS_MAX:
-            _TAILS.popitem(last=False)
 
 
 def _uuid(value: Any) -> uuid.UUID:
     return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
-def pack_text(text: bytes, run_id: Any, seq: int, zdict: bytes) -> Prepared:
-    """JSON `text` compressed against `zdict`, the text of snapshot `seq` of `run_id`
-    (or compressed alone, when that comes out smaller)."""
-    z = zlib.compressobj(CompressedJSONField.level, zdict=zdict[-WINDOW:])
+def _key(run_id: Any, seq: int) -> bytes:
+    return _uuid(run_id).bytes + seq.to_bytes(4, "big")
+
+
+def remember_dictionary(run_id: Any, seq: int, text: bytes) -> None:
+    """Keep the text of a snapshot this process has just committed (or read)."""
+    key = _key(run_id, seq)
+    with _TAILS_LOCK:
+        _TAILS[key] = text[-FULL_WINDOW:]
+        while len(_TAILS) > _TAILS_MAX:
+            _TAILS.popitem(last=False)
+
+
+def pack_text(
+    text: bytes, run_id: Any, seq: int, zdict: bytes, window: int = FULL_WINDOW
+) -> Prepared:
+    """JSON `text` compressed against the last `window` bytes of `zdict`, the text of
+    snapshot `seq` of `run_id` (or compressed alone, when that comes out smaller)."""
+    z = zlib.compressobj(CompressedJSONField.level, zdict=zdict[-window:])
     body = z.compress(text) + z.flush()
     if len(body) * 4 > len(text):  # the dictionary held little of it
         plain = zlib.compress(text, CompressedJSONField.level)
         if len(plain) <= len(body) + _LOCATOR:
             return Prepared(plain)
-    return Prepared(_MARK + _uuid(run_id).bytes + seq.to_bytes(4, "big") + body)
+    return Prepared(_MARKS[window] + _key(run_id, seq) + body)
 
 
 def pack(value: Any, run_id: Any, seq: int, zdict: bytes) -> Prepared:
@@ -372,63 +376,54 @@ def pack(value: Any, run_id: Any, seq: int, zdict: bytes) -> Prepared:
     return pack_text(json_text(value).encode(), run_id, seq, zdict)
 
 
-def _locator(blob: bytes) -> Key:
-    return uuid.UUID(bytes=bytes(blob[1:17])), int.from_bytes(blob[17:_LOCATOR], "big")
-
-
-def dictionaries(wanted: set[Key]) -> dict[Key, bytes]:
-    """The (last WINDOW bytes of the) JSON text of these (run, seq) snapshots, from
-    memory or one query per run; a snapshot that is gone is left out."""
-    with _TAILS_LOCK:
-        found = {k: _TAILS[k] for k in wanted if k in _TAILS}
-    by_run: dict[uuid.UUID, list[int]] = {}
-    for run_id, seq in wanted - found.keys():
-        by_run.setdefault(run_id, []).append(seq)
+def dictionaries(wanted: set[bytes]) -> dict[bytes, bytes]:
+    """The (last FULL_WINDOW bytes of the) JSON text of these snapshots, by locator
+    (`_key`), from memory or one query per run; a snapshot that is gone is left out."""
+    found = {k: t for k in wanted if (t := _TAILS.get(k)) is not None}
+    by_run: dict[bytes, list[int]] = {}
+    for key in wanted - found.keys():
+        by_run.setdefault(key[:16], []).append(int.from_bytes(key[16:], "big"))
     raw = models.ExpressionWrapper(models.F("data"), output_field=models.BinaryField())
-    for run_id, seqs in by_run.items():
+    for run_bytes, seqs in by_run.items():
+        run_id = uuid.UUID(bytes=run_bytes)
         rows = Snapshot.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", raw)
         for seq, data in rows:
             if data is not None:
                 text = inflate(data)
                 remember_dictionary(run_id, seq, text)
-                found[(run_id, seq)] = text[-WINDOW:]
+                found[_key(run_id, seq)] = text[-FULL_WINDOW:]
     return found
 
 
-def _unpack(blob: bytes, zdicts: dict[Key, bytes]) -> bytes:
-    key = _locator(blob)
+def inflate(blob: bytes, zdicts: dict[bytes, bytes] | None = None) -> bytes:
+    """The JSON text (UTF-8) of a compressed column's stored bytes; `zdicts`: dictionaries
+    at hand (else from memory or the database)."""
+    window = _WINDOWS.get(bytes(blob[:1]))
+    if window is None:
+        return zlib.decompress(blob)
+    key = bytes(blob[1:_LOCATOR])
     for attempt in range(2):
-        zdict = zdicts.get(key)
+        zdict = (zdicts or _TAILS).get(key)
         if zdict is None:
-            raise ValueError(
-                f"a packed value refers to snapshot {key[1]} of run {key[0]}, which is gone"
-            )
+            zdict = dictionaries({key}).get(key)
+        if zdict is None:
+            run, seq = uuid.UUID(bytes=key[:16]), int.from_bytes(key[16:], "big")
+            raise ValueError(f"a packed value refers to snapshot {seq} of run {run}, which is gone")
         try:
-            z = zlib.decompressobj(zdict=zdict)
+            z = zlib.decompressobj(zdict=zdict[-window:])
             return z.decompress(blob[_LOCATOR:]) + z.flush()
         except zlib.error:
             if attempt:
                 raise
-            with _TAILS_LOCK:
-                _TAILS.pop(key, None)  # remembered from a run since deleted: read it again
-            zdicts = dictionaries({key})
+            with _TAILS_LOCK:  # remembered from a run since deleted: read it again
+                _TAILS.pop(key, None)
+            zdicts = None
     raise AssertionError("unreachable")
-
-
-def inflate(blob: bytes, zdicts: dict[Key, bytes] | None = None) -> bytes:
-    """The JSON text (UTF-8) of a compressed column's stored bytes; `zdicts`: the
-    dictionaries at hand (else from memory or the database)."""
-    if blob[:1] != _MARK:
-        return zlib.decompress(blob)
-    key = _locator(blob)
-    if zdicts is None or key not in zdicts:
-        zdicts = dictionaries({key})
-    return _unpack(blob, zdicts)
 
 
 def inflate_many(blobs: list[bytes]) -> list[bytes]:
     """inflate() for many values: the dictionaries of packed ones in one query per run."""
-    zdicts = dictionaries({_locator(b) for b in blobs if b[:1] == _MARK})
+    zdicts = dictionaries({bytes(b[1:_LOCATOR]) for b in blobs if bytes(b[:1]) in _WINDOWS})
     return [inflate(b, zdicts) for b in blobs]
 
 

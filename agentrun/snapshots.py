@@ -30,11 +30,12 @@ from django.db.models import DEFERRED
 
 from agentrun import delta, hashing, rawsql
 from agentrun.models import (
+    SHORT_WINDOW,
     CompressedJSONField,
     Prepared,
     Snapshot,
     SnapshotKind,
-    _uuid,
+    _key,
     dictionaries,
     json_text,
     pack,
@@ -169,10 +170,10 @@ def insert_values(snapshot: Snapshot) -> tuple[dict[str, Any], bytes | None]:
     text = json_text(snapshot.data).encode()
     data: bytes | None = None
     if snapshot.kind == SnapshotKind.DELTA:
-        key = (_uuid(snapshot.run_id), snapshot.keyframe_seq)
+        key = _key(snapshot.run_id, snapshot.keyframe_seq)
         keyframe = dictionaries({key}).get(key)
         if keyframe is not None:
-            data = pack_text(text, snapshot.run_id, snapshot.keyframe_seq, keyframe)
+            data = pack_text(text, snapshot.run_id, snapshot.keyframe_seq, keyframe, SHORT_WINDOW)
     values["data"] = data or Prepared(zlib.compress(text, CompressedJSONField.level))
     return values, text
 
