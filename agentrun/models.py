@@ -395,35 +395,47 @@ def dictionaries(wanted: set[bytes]) -> dict[bytes, bytes]:
     return found
 
 
+def _unpack(blob: bytes, zdict: bytes, window: int) -> bytes | None:
+    """The text of a packed value given its dictionary; None if it is not the one."""
+    try:
+        z = zlib.decompressobj(zdict=zdict if len(zdict) <= window else zdict[-window:])
+        text = z.decompress(blob[_LOCATOR:])
+    except zlib.error:
+        return None
+    if not z.eof:
+        raise zlib.error("a packed value is truncated")
+    return text
+
+
 def inflate(blob: bytes, zdicts: dict[bytes, bytes] | None = None) -> bytes:
     """The JSON text (UTF-8) of a compressed column's stored bytes; `zdicts`: dictionaries
     at hand (else from memory or the database)."""
-    window = _WINDOWS.get(bytes(blob[:1]))
+    if type(blob) is not bytes:
+        blob = bytes(blob)
+    window = _WINDOWS.get(blob[:1])
     if window is None:
         return zlib.decompress(blob)
-    key = bytes(blob[1:_LOCATOR])
-    for attempt in range(2):
-        zdict = (zdicts or _TAILS).get(key)
-        if zdict is None:
-            zdict = dictionaries({key}).get(key)
+    key = blob[1:_LOCATOR]
+    zdict = (zdicts or _TAILS).get(key)
+    text = None if zdict is None else _unpack(blob, zdict, window)
+    if text is None:
+        # Not at hand, or remembered from a run since deleted: read it (again).
+        with _TAILS_LOCK:
+            _TAILS.pop(key, None)
+        zdict = dictionaries({key}).get(key)
         if zdict is None:
             run, seq = uuid.UUID(bytes=key[:16]), int.from_bytes(key[16:], "big")
             raise ValueError(f"a packed value refers to snapshot {seq} of run {run}, which is gone")
-        try:
-            z = zlib.decompressobj(zdict=zdict[-window:])
-            return z.decompress(blob[_LOCATOR:]) + z.flush()
-        except zlib.error:
-            if attempt:
-                raise
-            with _TAILS_LOCK:  # remembered from a run since deleted: read it again
-                _TAILS.pop(key, None)
-            zdicts = None
-    raise AssertionError("unreachable")
+        text = _unpack(blob, zdict, window)
+        if text is None:
+            raise zlib.error("a packed value doesn't match the snapshot it refers to")
+    return text
 
 
 def inflate_many(blobs: list[bytes]) -> list[bytes]:
     """inflate() for many values: the dictionaries of packed ones in one query per run."""
-    zdicts = dictionaries({bytes(b[1:_LOCATOR]) for b in blobs if bytes(b[:1]) in _WINDOWS})
+    blobs = [b if type(b) is bytes else bytes(b) for b in blobs]
+    zdicts = dictionaries({b[1:_LOCATOR] for b in blobs if b[:1] in _WINDOWS})
     return [inflate(b, zdicts) for b in blobs]
 
 
