@@ -118,3 +118,34 @@ def test_a_call_with_side_effects_keeps_its_result_whole():
     write = ToolCall.objects.get(run=run, tool="ledger_write")
     assert stored(write)[0] != PACKED
     assert zlib.decompress(stored(write))
+
+
+def test_a_stale_remembered_dictionary_is_read_again_from_the_database():
+    """A run deleted and imported again under its id may hold other text at the same
+    snapshot: the stream's checksum tells, and the dictionary is read again."""
+    from agentrun import models
+
+    run = run_of_lookups()
+    call = packed_calls(run)[-1]
+    expected = ToolCall.objects.get(pk=call.pk).result
+    key = stored(call)[1:21]
+    models.remember_dictionary(run.pk, int.from_bytes(key[16:], "big"), b'["other text"]')
+    assert ToolCall.objects.get(pk=call.pk).result == expected
+
+
+def test_a_deltas_keyframe_is_its_dictionary_and_every_state_reads_back():
+    from agentrun import hashing, models, snapshots
+
+    run = run_of_lookups(pages=6)
+    models._TAILS.clear()  # as in another process: the keyframes are read from the database
+    deltas = Snapshot.objects.filter(run=run, kind=SnapshotKind.DELTA)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT data FROM agentrun_snapshot WHERE run_id = %s AND kind = 'delta'",
+            [run.pk.hex if connection.vendor == "sqlite" else run.pk],
+        )
+        marks = {bytes(row[0])[:1] for row in cursor.fetchall()}
+    assert b"\x02" in marks  # packed against a keyframe's text
+    for snap in deltas:
+        state = snapshots.load_state(snap)
+        assert snap.hash == hashing.build(state).hex
