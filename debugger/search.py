@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import json
 import threading
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -33,6 +32,7 @@ from agentrun.models import (
     StepStatus,
     ToolCall,
     ToolCallStatus,
+    inflate_many,
 )
 from debugger.timeline import WAIT_EVENTS
 
@@ -174,13 +174,20 @@ def stored_calls(run_id: Any, from_step_id: int = 0) -> list[tuple[int, str, str
             [run_id if pg else run_id.hex, from_step_id],
         )
         rows = cursor.fetchall()
+    # A read's result is packed against its step's post delta (agentrun.models.pack):
+    # inflate_many reads those dictionaries, one query a batch.
+    texts: list[str | None] = []
+    for i in range(0, len(rows), 500):
+        batch = rows[i : i + 500]
+        inflated = iter(inflate_many([blob for _, _, blob in batch if blob is not None]))
+        texts += [None if blob is None else next(inflated).decode() for _, _, blob in batch]
     return [
         (
             step_id,
             args if pg else json.dumps(json.loads(args), ensure_ascii=False),  # as jsonb has it
-            None if blob is None else zlib.decompress(blob).decode(),
+            text,
         )
-        for step_id, args, blob in rows
+        for (step_id, args, _), text in zip(rows, texts, strict=True)
     ]
 
 

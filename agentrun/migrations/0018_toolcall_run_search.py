@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentrun', '0015_snapshot_paths'),
+        ('agentrun', '0016b_binary_hashes'),
     ]
 
     operations = [
