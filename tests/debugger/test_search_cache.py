@@ -45,7 +45,7 @@ def add_steps(run, numbers):
             tool="lookup",
             kind="read",
             args={"item": f"item-{k}"},
-            args_hash=f"{k:08x}0",
+            args_hash=f"{k:064x}",
             idempotency_key=f"{run.pk}:{k}:0:lookup",
             status="ok",
             result={"found": f"value-{k}"},
