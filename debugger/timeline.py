@@ -206,7 +206,10 @@ def step_view(run: Run, step: Step) -> StepView:
     if step.status == StepStatus.RUNNING:
         calls = _with_decided_calls(step, calls)
     events = list(Event.objects.filter(run=run, step=step.number).order_by("created_at", "id"))
-    snaps = {s.at: s for s in Snapshot.objects.filter(run=run, step=step.number).defer("data")}
+    seqs = [Snapshot.seq_for(step.number, at) for at in ("pre", "post")]
+    # By seq (the unique (run, seq) index), without the model's ordering (a join to the run).
+    found = Snapshot.objects.filter(run=run, seq__in=seqs).order_by().defer("data", "paths")
+    snaps = {s.at: s for s in found}
     neighbours = Step.objects.filter(run=run)
     prev = neighbours.filter(number__lt=step.number).aggregate(n=Max("number"))["n"]
     nxt = neighbours.filter(number__gt=step.number).aggregate(n=Min("number"))["n"]
@@ -379,9 +382,15 @@ class Mark:
 
     @property
     def rank(self) -> int:
-        """The severity's place in SEVERITY; len(SEVERITY) for none."""
-        severity = self.severity
-        return SEVERITY.index(severity) if severity else len(SEVERITY)
+        """The severity's place in SEVERITY; len(SEVERITY) for none (what `severity`
+        says, without its string work: the strip ranks every step of the run)."""
+        if self.status == StepStatus.FAILED:
+            return 0
+        if self.attempts > 1:
+            return 1
+        if self.status == StepStatus.WAITING:
+            return 2
+        return _DID_RANKS[self.did]
 
     @property
     def failed(self) -> bool:
@@ -406,6 +415,20 @@ class Mark:
             if self.did & bit:
                 return name
         return ""
+
+
+def _did_rank(did: int) -> int:
+    """The rank of a step that did not fail, retry or wait: by what it did."""
+    names = (
+        ("answer", DID_ANSWER),
+        ("hybrid", DID_HYBRID),
+        ("write", DID_WRITE),
+        ("read", DID_READ),
+    )
+    return next((SEVERITY.index(name) for name, bit in names if did & bit), len(SEVERITY))
+
+
+_DID_RANKS = tuple(_did_rank(did) for did in range(16))
 
 
 class WallMs(Func):
@@ -488,9 +511,9 @@ def marks(run: Run) -> Marks:
         out.append(mark)
     for pk, started in Step.objects.filter(pk__in=unfinished).values_list("pk", "started_at"):
         by_id[pk].wall_ms = (now - started).total_seconds() * 1000  # still running or waiting
-    sql, params = (
-        ToolCall.objects.filter(run=run).values_list("step_id", "kind").query.sql_with_params()
-    )
+    # No order: the model's ordering would join the run and the step and sort 10,000 rows.
+    calls = ToolCall.objects.filter(run=run).order_by().values_list("step_id", "kind")
+    sql, params = calls.query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         call_rows = cursor.fetchall()

@@ -156,3 +156,23 @@ def test_a_step_that_backed_off_is_drawn_with_its_backoff(client_for, people):
     chart = client_for("viewer").get(f"/runs/{run.pk}/").context["duration_chart"]
     assert chart.max_value >= 7500  # 7.5 s of backoff, not the step's few ms of work
     assert "backoff" in html and "waits" in html
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed", "waiting", "running"])
+@pytest.mark.parametrize("attempts", [1, 2])
+@pytest.mark.parametrize("did", range(16))
+def test_a_marks_rank_is_the_place_of_its_severity(status, attempts, did):
+    mark = timeline.Mark(1, status, "executing", attempts, None, None, None, did=did)
+    severity = mark.severity
+    expected = timeline.SEVERITY.index(severity) if severity else len(timeline.SEVERITY)
+    assert mark.rank == expected
+
+
+def test_a_step_page_shows_its_own_pre_and_post_snapshots(client_for, people):
+    run = long_run(people["operator"], 20, with_snapshots=True)
+    response = client_for("viewer").get(f"/runs/{run.pk}/steps/7/")
+    snaps = response.context["sv"].snapshots
+    assert {at: (s.step, s.at) for at, s in snaps.items()} == {
+        "pre": (7, "pre"),
+        "post": (7, "post"),
+    }
