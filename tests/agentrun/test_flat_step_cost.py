@@ -8,6 +8,7 @@ same states, the same hashes, the same refusals.
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -148,4 +149,108 @@ def test_list_hashes_extended_by_appends_equal_hashes_built_from_scratch():
         node = hashing.apply(node, delta.diff(state, new))
         assert node.hex == hashing.build(new).hex, step
         assert node.size == delta.json_size(new)
+        state = new
+
+
+def test_a_log_that_only_grew_is_noted_as_extending_the_previous_states_list():
+    from agentrun import prefixes
+
+    agent = get_agent("scripted")
+    s1 = run_steps(agent, agent.initial_state({"goal": "g"}), 1, 3)
+    s2 = run_steps(agent, s1, 4, 4)
+    for name in ("history", "tool_calls", "decisions"):
+        assert prefixes.starts_with(s2[name], s1[name]), name
+        assert not prefixes.starts_with(s1[name], s2[name])
+    # Noted lists that changed in length since are no longer vouched for.
+    s1["decisions"].append({"step": 9, "thought": "late", "rationale": "", "action": "think"})
+    assert not prefixes.starts_with(s2["decisions"], s1["decisions"])
+
+
+class Rewriter:
+    """observe hooks that change a log in place instead of appending to it."""
+
+    @staticmethod
+    def replace(st):
+        st.history[1] = {"role": "user", "content": "rewritten"}
+
+    @staticmethod
+    def pop_and_append(st):
+        last = st.decisions.pop()
+        st.decisions.append({**last, "thought": "rewritten"})
+
+    @staticmethod
+    def delete(st):
+        del st.tool_calls[0]
+
+    @staticmethod
+    def sort(st):
+        st.history.sort(key=lambda m: m["role"])
+
+
+@pytest.mark.parametrize(
+    ("change", "log"),
+    [
+        ("replace", "history"),
+        ("pop_and_append", "decisions"),
+        ("delete", "tool_calls"),
+        ("sort", "history"),
+    ],
+)
+def test_a_log_changed_in_place_is_diffed_and_checked_in_full(change, log):
+    from agentrun import prefixes
+    from agentrun.agents import StateAgent
+
+    class Rewriting(StateAgent):
+        name = "rewriting-test"
+        rewrite = False
+
+        def observe(self, st, decision, results, ctx):
+            if self.rewrite:
+                getattr(Rewriter, change)(st)
+
+    agent = Rewriting()
+    s1 = run_steps(agent, agent.initial_state({"goal": "g"}), 1, 3)
+    agent.rewrite = True
+    s2 = run_steps(agent, s1, 4, 4)
+    assert not prefixes.starts_with(s2[log], s1[log])
+    ops = delta.diff(s1, s2)
+    assert delta.canonical(delta.patch(s1, ops)) == delta.canonical(s2)
+    node = hashing.apply(hashing.build(s1), ops)
+    assert node.hex == hashing.build(s2).hex
+
+
+def test_a_hook_that_puts_a_bad_item_in_place_is_refused():
+    from agentrun.agents import StateAgent
+
+    class Sneaky(StateAgent):
+        name = "sneaky-test"
+        sneak = False
+
+        def observe(self, st, decision, results, ctx):
+            if self.sneak:
+                st.history[1] = {"role": "narrator", "content": "oops"}
+
+    agent = Sneaky()
+    s1 = run_steps(agent, agent.initial_state({"goal": "g"}), 1, 2)
+    agent.sneak = True
+    s2 = run_steps(agent, s1, 3, 3, check=False)
+    with pytest.raises(StateError, match=r"history\[1\]\.role must be one of"):
+        agent.validate_state(s2)
+
+
+def test_a_long_typed_run_stores_exactly_its_states():
+    from agentrun import snapshots
+
+    agent = get_agent("scripted")
+    state = agent.initial_state({"goal": "g"})
+    agent.validate_state(state)
+    prev, node = snapshots.build("r", 1, "pre", state, None, None)
+    stored = json.loads(json.dumps(state))  # what a read of the chain rebuilds
+    for k in range(1, 120):
+        new = run_steps(agent, state, k, k)
+        prev, node = snapshots.build("r", k, "post", new, prev, state, prev_node=node)
+        data = json.loads(json.dumps(prev.data))
+        stored = data if prev.kind == "full" else delta.patch(stored, data)
+        assert delta.canonical(stored) == delta.canonical(new), k
+        assert node.hex == hashing.build(new).hex == prev.hash, k
         state = new
