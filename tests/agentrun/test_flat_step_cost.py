@@ -254,3 +254,48 @@ def test_a_long_typed_run_stores_exactly_its_states():
         assert delta.canonical(stored) == delta.canonical(new), k
         assert node.hex == hashing.build(new).hex == prev.hash, k
         state = new
+
+
+def test_nodes_that_share_a_grown_list_each_keep_their_own_items():
+    base = {"log": [{"i": i} for i in range(100)]}
+    node = hashing.build(base)
+    grown = {"log": [*base["log"], {"i": 100}]}
+    other = {"log": [*base["log"], {"j": 1}, {"j": 2}]}
+    shrunk = {"log": base["log"][:-1]}
+    replaced = {"log": [{"k": 0}, *base["log"][1:]]}
+    # Several successors of one node (a retried step, a fork): each appends to or
+    # changes the shared list, and neither the base nor the others see it.
+    for new in (grown, other, shrunk, replaced, grown):
+        assert hashing.apply(node, delta.diff(base, new)).hex == hashing.build(new).hex
+    assert node.hex == hashing.build(base).hex
+    # A successor of a successor, then a sibling of it that replaces an item.
+    n1 = hashing.apply(node, delta.diff(base, grown))
+    n2 = hashing.apply(n1, delta.diff(grown, {"log": [*grown["log"], {"i": 101}]}))
+    assert n2.hex == hashing.build({"log": [*grown["log"], {"i": 101}]}).hex
+    edited = {"log": [*grown["log"][:50], {"e": 1}, *grown["log"][51:]]}
+    assert hashing.apply(n1, delta.diff(grown, edited)).hex == hashing.build(edited).hex
+    assert hashing.apply(n1, delta.diff(grown, other)).hex == hashing.build(other).hex
+    assert n1.hex == hashing.build(grown).hex and node.hex == hashing.build(base).hex
+
+
+def test_list_hashes_from_any_earlier_node_equal_hashes_built_from_scratch():
+    rng = random.Random(12)
+    pool = [({"log": [{"i": i} for i in range(80)]}, None)]
+    pool[0] = (pool[0][0], hashing.build(pool[0][0]))
+    for step in range(400):
+        state, node = pool[rng.randrange(len(pool))] if rng.random() < 0.3 else pool[-1]
+        log = list(state["log"])
+        r = rng.random()
+        if r < 0.6:
+            log.extend({"a": step, "n": n} for n in range(rng.randrange(1, 3)))
+        elif r < 0.7 and log:
+            log.pop()
+        elif r < 0.8 and log:
+            log[rng.randrange(len(log))] = {"r": step}
+        else:
+            log.insert(rng.randrange(len(log) + 1), {"s": step})
+        new = {"log": log}
+        new_node = hashing.apply(node, delta.diff(state, new))
+        assert new_node.hex == hashing.build(new).hex, step
+        assert new_node.size == delta.json_size(new)
+        pool.append((new, new_node))
