@@ -471,6 +471,9 @@ class ToolCall(models.Model):
             ),
             # The per-run read cache, and every per-run lookup.
             models.Index(fields=["run", "tool", "args_hash"], name="toolcall_run_tool_args"),
+            # The run page's strip: what kind of call each step made, for 10,000 steps,
+            # read from the index alone (PostgreSQL; elsewhere a plain index on run).
+            models.Index(fields=["run"], include=["step", "kind"], name="toolcall_run_kinds"),
         ]
 
     def __str__(self) -> str:
