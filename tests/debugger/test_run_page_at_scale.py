@@ -176,3 +176,30 @@ def test_a_step_page_shows_its_own_pre_and_post_snapshots(client_for, people):
         "pre": (7, "pre"),
         "post": (7, "post"),
     }
+
+
+def _marks(*specs):
+    return [
+        timeline.Mark(n, status, "executing", attempts, dur, 10, wall)
+        for n, (status, attempts, dur, wall) in enumerate(specs, start=1)
+    ]
+
+
+def test_the_opening_step_is_the_first_failed_then_waiting_then_retried_then_the_last():
+    run = Run(agent="scripted")
+    ok, retried = ("succeeded", 1, 1.0, 1.0), ("succeeded", 2, 1.0, 1.0)
+    waiting, failed = ("waiting", 1, None, None), ("failed", 1, 1.0, 1.0)
+    assert timeline.opening_step(run, _marks(ok, retried, waiting, ok, failed)) == 5
+    assert timeline.opening_step(run, _marks(ok, retried, waiting, waiting)) == 3
+    assert timeline.opening_step(run, _marks(ok, retried, ok, retried)) == 2
+    assert timeline.opening_step(run, _marks(ok, ok, ok)) == 3
+    assert timeline.opening_step(run, []) is None
+
+
+def test_a_chart_column_shows_the_first_of_its_slowest_steps():
+    ok = ("succeeded", 1, 1.0, 1.0)
+    slow_work, slow_wall = ("succeeded", 1, 9.0, 2.0), ("failed", 1, 1.0, 9.0)
+    marks = _marks(*([ok] * 1000), slow_work, ok, slow_wall, *([ok] * 997))
+    points = timeline.chart_points_of(marks)
+    column = next(p for p in points if p.number >= 1000)
+    assert column.number == 1001 and column.failed  # the tie goes to the first; 1003 failed
