@@ -199,7 +199,7 @@ def test_the_opening_step_is_the_first_failed_then_waiting_then_retried_then_the
 def test_a_chart_column_shows_the_first_of_its_slowest_steps():
     ok = ("succeeded", 1, 1.0, 1.0)
     slow_work, slow_wall = ("succeeded", 1, 9.0, 2.0), ("failed", 1, 1.0, 9.0)
-    marks = _marks(*([ok] * 1000), slow_work, ok, slow_wall, *([ok] * 997))
+    marks = _marks(*([ok] * 1000), slow_work, ok, slow_wall, *([ok] * 1997))  # 10 a column
     points = timeline.chart_points_of(marks)
     column = next(p for p in points if p.number >= 1000)
     assert column.number == 1001 and column.failed  # the tie goes to the first; 1003 failed
