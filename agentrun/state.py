@@ -487,7 +487,7 @@ class _Log(list):  # type: ignore[type-arg]
         self._changed()
         super().__delitem__(index)
 
-    def __imul__(self, n: Any) -> _Log:
+    def __imul__(self, n: Any) -> _Log:  # type: ignore[misc]
         self._changed()
         return super().__imul__(n)
 

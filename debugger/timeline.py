@@ -523,9 +523,9 @@ def marks(run: Run) -> Marks:
     out.calls = len(call_rows)
     out.side_effects = sum(1 for _, kind in call_rows if kind in SIDE_EFFECT_KINDS)
     for step_id, kind in call_rows:
-        mark = by_id.get(step_id)
-        if mark is not None:
-            mark.did |= KIND_BITS.get(kind, 0)
+        caller = by_id.get(step_id)
+        if caller is not None:
+            caller.did |= KIND_BITS.get(kind, 0)
     waits = list(
         Event.objects.filter(run=run, kind__in=WAIT_EVENTS, step__isnull=False).values_list(
             "step", "kind", "payload"
