@@ -31,6 +31,8 @@ from math import copysign
 from operator import eq, is_, is_not
 from typing import Any
 
+from agentrun import prefixes
+
 __all__ = ["DeltaError", "canonical", "diff", "json_size", "patch", "state_hash"]
 
 
@@ -258,7 +260,8 @@ def _realign(
 def _diff_list(a: list, b: list, path: list, ops: list) -> None:
     la, lb = len(a), len(b)
     n = min(la, lb)
-    p = _run(a, 0, b, 0, n)
+    # A typed state's log that only grew is known to: no walk over the shared items.
+    p = la if prefixes.starts_with(b, a) else _run(a, 0, b, 0, n)
     s = _rrun(a, b, n - p)
     ea, eb = la - s, lb - s
     i = j = p

@@ -29,7 +29,12 @@ class Node:
     # A long list also keeps `running`, the sha256 state over its digests[:run_n], so an
     # append hashes only the new items (f-watch: a step's cost must not grow with the run).
     # A running hasher is never updated in place: it is copied first, so nodes share it.
-    __slots__ = ("digest", "size", "kids", "digests", "total", "running", "run_n")
+    # A list node's items are kids[:n] (and digests[:n]): a copy shares the two buffers
+    # (`shared`), an append extends them in place when no other node has extended them
+    # past its own n, and any other change first takes a copy of its n items. So the
+    # node of a state whose logs grew costs what was appended, and the node it came
+    # from still reads its own items.
+    __slots__ = ("digest", "size", "kids", "digests", "total", "running", "run_n", "n", "shared")
 
     def __init__(
         self, digest: bytes, size: int, kids: Any = None, digests: Any = None, total: int = 0
@@ -43,23 +48,38 @@ class Node:
         )
         self.running: Any = None
         self.run_n = 0
+        self.n = len(kids) if digests is not None else 0
+        self.shared = False
 
     @property
     def hex(self) -> str:
         return self.digest.hex()
 
     def copy(self) -> Node:
-        kids = (
-            dict(self.kids)
-            if isinstance(self.kids, dict)
-            else list(self.kids)
-            if self.kids is not None
-            else None
-        )
-        digests = list(self.digests) if self.digests is not None else None
-        node = Node(self.digest, self.size, kids, digests, self.total)
+        if self.digests is not None:  # a list: share the buffers
+            node = Node(self.digest, self.size, self.kids, self.digests, self.total)
+            node.n = self.n
+            node.shared = self.shared = True
+        else:
+            kids = dict(self.kids) if self.kids is not None else None
+            node = Node(self.digest, self.size, kids, None, self.total)
         node.running, node.run_n = self.running, self.run_n
         return node
+
+    def own(self) -> None:
+        """Make a list node's buffers its own before changing them other than by appending."""
+        if self.shared:
+            self.kids, self.digests = self.kids[: self.n], self.digests[: self.n]
+            self.shared = False
+
+    def append(self, new: list[Node]) -> None:
+        """Append child nodes to a list node (in place in shared buffers when no other
+        node has extended them past this node's items)."""
+        if len(self.kids) != self.n:
+            self.own()
+        self.kids.extend(new)
+        self.digests.extend(k.digest for k in new)
+        self.n += len(new)
 
 
 @lru_cache(maxsize=8192)
@@ -88,19 +108,19 @@ RUNNING_MIN = 64
 
 
 def _seal_list(node: Node) -> Node:
-    digests = node.digests
-    if node.running is not None and node.run_n <= len(digests):
+    digests, n = node.digests, node.n
+    if node.running is not None and node.run_n <= n:
         h = node.running.copy()
-        h.update(b"".join(digests[node.run_n :]))
+        h.update(b"".join(digests[node.run_n : n]))
     else:
         h = sha256(b"l")
-        h.update(b"".join(digests))
+        h.update(b"".join(digests if len(digests) == n else digests[:n]))
     node.digest = h.digest()
-    if len(digests) >= RUNNING_MIN:
-        node.running, node.run_n = h, len(digests)
+    if n >= RUNNING_MIN:
+        node.running, node.run_n = h, n
     else:
         node.running, node.run_n = None, 0
-    node.size = 2 + max(len(node.kids) - 1, 0) + node.total
+    node.size = 2 + max(n - 1, 0) + node.total
     return node
 
 
@@ -140,11 +160,17 @@ def apply(node: Node, ops: list) -> Node:
             start, count, items = op[2], op[3], op[4]
             _touch(target, start)
             new = [build(v) for v in items]
+            if start == target.n and not count:  # an append: what a log does
+                target.total += sum(k.size for k in new)
+                target.append(new)
+                continue
+            target.own()
             target.total += sum(k.size for k in new) - sum(
                 k.size for k in target.kids[start : start + count]
             )
             target.kids[start : start + count] = new
             target.digests[start : start + count] = [k.digest for k in new]
+            target.n = len(target.kids)
             continue
         if not path:
             root[0] = build(op[2]) if name == "set" else root[0]
@@ -161,6 +187,7 @@ def apply(node: Node, ops: list) -> Node:
                 del parent.kids[key]
         else:
             _touch(parent, key)
+            parent.own()
             new = build(op[2])
             parent.total += new.size - parent.kids[key].size
             parent.kids[key] = new
@@ -171,6 +198,7 @@ def apply(node: Node, ops: list) -> Node:
         else:
             if id(n) in through:
                 # A child was edited in place; later splices may have moved it.
+                n.own()
                 n.digests = [k.digest for k in n.kids]
                 n.total = sum(k.size for k in n.kids)
             _seal_list(n)
@@ -190,6 +218,8 @@ def _own_path(root: list, owned: set[int], dirty: list, through: set[int], path:
             kid = kid.copy()
             owned.add(id(kid))
             dirty.append((depth, kid))
+            if node.digests is not None:
+                node.own()
             node.kids[key] = kid
             if node.digests is not None:
                 through.add(id(node))

@@ -635,12 +635,14 @@ class ToolCall(models.Model):
                 condition=Q(kind__in=("write", "hybrid")),
                 name="toolcall_side_effects",
             ),
-            # The per-run read cache, and every per-run lookup.
-            models.Index(fields=["run", "tool", "args_hash"], name="toolcall_run_tool_args"),
-            # Search within a run (debugger.search): which steps have a call of this tool,
-            # kind or status, answered from the index alone (the rows hold the results).
+            # The per-run read cache, and every per-run lookup. Its INCLUDE columns let the
+            # search (which steps have a call of this tool, kind or status) and the run page's
+            # strip (each step's call kinds) read a 10,000-step run from the index alone
+            # (PostgreSQL; elsewhere a plain index): one index, not three, for bytes per step.
             models.Index(
-                fields=["run", "tool", "kind", "status", "step"], name="toolcall_run_search"
+                fields=["run", "tool", "args_hash"],
+                include=["kind", "status", "step"],
+                name="toolcall_run_tool_args",
             ),
         ]
 

@@ -27,6 +27,8 @@ from enum import StrEnum
 from operator import is_
 from typing import Any
 
+from agentrun import prefixes
+
 __all__ = [
     "MESSAGE_OVERHEAD_TOKENS",
     "MIGRATIONS",
@@ -451,6 +453,78 @@ _FIELDS = (
 # --------------------------------------------------------------------------
 
 
+class _Log(list):  # type: ignore[type-arg]
+    """A list field of a typed state that knows whether it only grew since it was read
+    from a state dict (or last written to one): then the next dict's list starts with
+    that dict's very items, and `agentrun.prefixes` is told so. Any other change
+    (set, delete, insert, pop, sort...) makes it say nothing."""
+
+    __slots__ = ("source", "source_len", "kept")
+
+    def __init__(self, items: Iterable[Any] = (), source: list | None = None) -> None:
+        super().__init__(items)
+        self.source = source
+        self.source_len = len(source) if source is not None else 0
+        self.kept = len(self) if source is not None else -1
+
+    def export(self) -> list:
+        """A plain copy, for a state dict; noted as extending the list it came from."""
+        out = list(self)
+        source = self.source
+        if source is not None and self.kept >= self.source_len == len(source):
+            prefixes.note(source, out)
+        self.source, self.source_len, self.kept = out, len(out), len(out)
+        return out
+
+    def _changed(self) -> None:
+        self.kept = -1
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._changed()
+        super().__setitem__(index, value)
+
+    def __delitem__(self, index: Any) -> None:
+        self._changed()
+        super().__delitem__(index)
+
+    def __imul__(self, n: Any) -> _Log:  # type: ignore[misc]
+        self._changed()
+        return super().__imul__(n)
+
+    def insert(self, index: Any, value: Any) -> None:
+        self._changed()
+        super().insert(index, value)
+
+    def pop(self, index: Any = -1) -> Any:
+        self._changed()
+        return super().pop(index)
+
+    def remove(self, value: Any) -> None:
+        self._changed()
+        super().remove(value)
+
+    def clear(self) -> None:
+        self._changed()
+        super().clear()
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        self._changed()
+        super().sort(*args, **kwargs)
+
+    def reverse(self) -> None:
+        self._changed()
+        super().reverse()
+
+
+def _log_of(data: Mapping[str, Any], name: str, items: Iterable[Any]) -> _Log:
+    source = data.get(name)
+    return _Log(items, source if type(source) is list else None)
+
+
+def _export(items: list) -> list:
+    return items.export() if type(items) is _Log else list(items)
+
+
 @dataclass
 class AgentState:
     """Everything an agent run needs to continue from where it stopped.
@@ -677,13 +751,13 @@ class AgentState:
         return {
             "schema_version": self.schema_version,
             "phase": self.phase.value,
-            "history": list(self.history),
+            "history": _export(self.history),
             "memory": _copy_memory(self.memory),
-            "tool_calls": list(self.tool_calls),
-            "decisions": list(self.decisions),
+            "tool_calls": _export(self.tool_calls),
+            "decisions": _export(self.decisions),
             "iteration": self.iteration,
             "retries": self.retries,
-            "failures": list(self.failures),
+            "failures": _export(self.failures),
             "final_answer": self.final_answer,
             "error": self.error,
         }
@@ -696,13 +770,13 @@ class AgentState:
         return cls(
             schema_version=data["schema_version"],
             phase=Phase(data.get("phase", Phase.IDLE.value)),
-            history=list(data.get("history", ())),
+            history=_log_of(data, "history", data.get("history", ())),
             memory=_copy_memory(memory) if memory is not None else _default_memory(),
-            tool_calls=list(data.get("tool_calls", ())),
-            decisions=list(data.get("decisions", ())),
+            tool_calls=_log_of(data, "tool_calls", data.get("tool_calls", ())),
+            decisions=_log_of(data, "decisions", data.get("decisions", ())),
             iteration=data.get("iteration", 0),
             retries=data.get("retries", 0),
-            failures=list(data.get("failures", ())),
+            failures=_log_of(data, "failures", data.get("failures", ())),
             final_answer=data.get("final_answer"),
             error=data.get("error"),
         )
@@ -743,13 +817,13 @@ class AgentState:
         return cls(
             schema_version=data["schema_version"],
             phase=phase,
-            history=_read_items(data, "history"),
+            history=_log_of(data, "history", _read_items(data, "history")),
             memory=_read_memory(data["memory"]) if "memory" in data else _default_memory(),
-            tool_calls=_read_items(data, "tool_calls"),
-            decisions=_read_items(data, "decisions"),
+            tool_calls=_log_of(data, "tool_calls", _read_items(data, "tool_calls")),
+            decisions=_log_of(data, "decisions", _read_items(data, "decisions")),
             iteration=counters["iteration"],
             retries=counters["retries"],
-            failures=_read_items(data, "failures"),
+            failures=_log_of(data, "failures", _read_items(data, "failures")),
             final_answer=data.get("final_answer"),
             error=data.get("error"),
         )
@@ -777,7 +851,11 @@ def validate_successor(base: Mapping[str, Any], new: Any) -> None:
     light = dict(new)
     for name in _LIST_FIELDS:
         old, items = base.get(name, ()), new.get(name, [])
-        if type(items) is not list or len(items) < len(old) or not all(map(is_, old, items)):
+        if (
+            type(items) is not list
+            or len(items) < len(old)
+            or not (prefixes.starts_with(items, old) or all(map(is_, old, items)))
+        ):
             AgentState.from_dict(new)
             return
         light[name] = items[len(old) :]

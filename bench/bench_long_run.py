@@ -16,7 +16,9 @@ chart and the search have something to find.
 Then, median of REPEAT requests each, server side through Django's test client:
 the run page, a step's deep link, the htmx search (several filters; the query also
 once cold, before this process has read the run's result text) and
-`GET /api/runs/{id}` (first page, a late page); and in headless Chromium, against a
+`GET /api/runs/{id}` (first page, a late page), after a VACUUM (ANALYZE) of the
+project's tables as autovacuum would do (`--no-vacuum`: right after the inserts); and in
+headless Chromium, against a
 `runserver` of this checkout (and of `--compare`'s, the same database): the time from
 navigation to idle (load, and every request the page makes by itself answered) and
 the HTML bytes. Figures are reported, not asserted.
@@ -70,6 +72,19 @@ def build(variant: str, n: int) -> Any:
     return run, built
 
 
+def vacuum() -> None:
+    """What autovacuum does to a table soon after a long run's inserts: the visibility
+    map and the planner's statistics. Without it the pages' index-only scans (step
+    kinds, the search's tool list) read the just-written heap pages instead."""
+    from django.db import connection
+
+    from bench.env import PROJECT_TABLES
+
+    with connection.cursor() as cursor:
+        for table in PROJECT_TABLES:
+            cursor.execute(f"VACUUM (ANALYZE) {table}")
+
+
 def _add_backoffs(run: Any, numbers: tuple[int, ...]) -> None:
     """What a transient tool error leaves: a second attempt, a retry_scheduled event, and
     the step's wall time stretched by the backoff."""
@@ -91,12 +106,14 @@ def _add_backoffs(run: Any, numbers: tuple[int, ...]) -> None:
         )
 
 
-def median_ms(fn: Any, repeat: int = REPEAT) -> tuple[float, Any]:
+def median_ms(fn: Any, repeat: int = REPEAT, clock: Any = time.perf_counter) -> tuple[float, Any]:
+    """The median of `repeat` calls, in ms of `clock` (wall time; process_time: this
+    process's CPU, which the other processes on the machine disturb less)."""
     times, out = [], None
     for _ in range(repeat):
-        t = time.perf_counter()
+        t = clock()
         out = fn()
-        times.append((time.perf_counter() - t) * 1000)
+        times.append((clock() - t) * 1000)
     return statistics.median(times), out
 
 
@@ -113,11 +130,20 @@ def server_side(run: Any, n_steps: int) -> dict[str, Any]:
     hx = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "run-live"}
     out: dict[str, Any] = {}
     client.get(f"/runs/{run.pk}/")  # templates compiled, connection warm
+    cpu, page = median_ms(lambda: client.get(f"/runs/{run.pk}/"), clock=time.process_time)
     ms, page = median_ms(lambda: client.get(f"/runs/{run.pk}/"))
-    out["run page"] = {"ms": ms, "bytes": len(page.content), "status": page.status_code}
+    out["run page"] = {
+        "ms": ms,
+        "cpu ms": cpu,
+        "bytes": len(page.content),
+        "status": page.status_code,
+    }
     mid = n_steps // 2
+    cpu, page = median_ms(
+        lambda: client.get(f"/runs/{run.pk}/steps/{mid}/"), clock=time.process_time
+    )
     ms, page = median_ms(lambda: client.get(f"/runs/{run.pk}/steps/{mid}/"))
-    out[f"deep link (step {mid})"] = {"ms": ms, "bytes": len(page.content)}
+    out[f"deep link (step {mid})"] = {"ms": ms, "cpu ms": cpu, "bytes": len(page.content)}
     ms, page = median_ms(lambda: client.get(f"/runs/{run.pk}/?after={mid}", HTTP_HX_REQUEST="true"))
     out["list page (100 rows)"] = {"ms": ms, "bytes": len(page.content)}
     late_text = f"call_{n_steps - 7}"  # in one step's result only (its thought is "step k")
@@ -231,8 +257,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10_000, help="steps of the flat run")
     parser.add_argument("--grow-steps", type=int, default=2_000, help="steps of the grow run")
     parser.add_argument("--compare", type=Path, help="another checkout (e.g. /work/main)")
+    parser.add_argument(
+        "--reuse",
+        default="",
+        help="variant=RUN_ID,...: measure runs this script built before (same database)",
+    )
+    parser.add_argument(
+        "--no-vacuum",
+        action="store_true",
+        help="measure right after the inserts, before autovacuum would have run",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "long_run.json")
     args = parser.parse_args()
+    reuse = dict(pair.split("=", 1) for pair in args.reuse.split(",") if pair)
 
     env.setup()
     from agentrun.roles import create_user
@@ -241,11 +278,20 @@ def main() -> None:
     results: dict[str, Any] = {"server": env.server_settings()}
     for variant in args.variants.split(","):
         steps = args.steps if variant == "flat" else args.grow_steps
-        run, built = build(variant, steps - 1)
+        if variant in reuse:
+            from agentrun.models import Run
+
+            run, built = Run.objects.get(pk=reuse[variant]), 0.0
+        else:
+            run, built = build(variant, steps - 1)
         label = f"{variant}, {steps:,} steps"
         print(f"== {label}: built through the engine in {built:.0f} s ({run.pk})", flush=True)
         row: dict[str, Any] = {"run": str(run.pk), "build s": round(built, 1)}
-        row["server"] = server_side(run, steps)
+        if args.no_vacuum:
+            row["server (just written, not vacuumed)"] = server_side(run, steps)
+        else:
+            vacuum()
+            row["server"] = server_side(run, steps)
         from django.db import connection
 
         connection.close()

@@ -2,7 +2,7 @@
 
 The filter is a form over the run page's query string (deep-linkable). Everything but
 the text in the tool calls is decided by one SQL query on the run's rows (the step table
-through its (run, number) index, the tool calls through toolcall_run_search, which
+through its (run, number) index, the tool calls through toolcall_run_tool_args, which
 answers the call criteria without reading the wide rows). Results are stored
 zlib-compressed, so no SQL can look inside them: a text is searched for in the run's
 call text (arguments and results), read once per process and kept (see `call_text`),
@@ -121,7 +121,7 @@ def matching_steps(
         steps = steps.filter(Q(status=StepStatus.WAITING) | Q(number__in=waited.values("step")))
     call_q = {"tool": tool, "kind": kind, "status": call}
     if any(call_q.values()):  # one call must meet all three
-        # Read from the toolcall_run_search index alone (the rows hold the results).
+        # Read from the toolcall_run_tool_args index alone (the rows hold the results).
         calls = ToolCall.objects.filter(run=run, **{k: v for k, v in call_q.items() if v})
         steps = steps.filter(pk__in=calls.order_by().values("step_id"))
     if not q:
@@ -155,7 +155,7 @@ def matching_steps(
 # (lower-cased, a NUL between two calls and between a call's arguments and result:
 # JSON text never holds a raw NUL) and finds text there with str.find. The entry stays
 # valid while the run's (status, next step, purge) and its calls' (count, last step)
-# stay the same, checked by one query on toolcall_run_search; while the run is live, a
+# stay the same, checked by one query on toolcall_run_tool_args; while the run is live, a
 # change re-reads only the calls of its last cached step and of the steps after it (a
 # step's calls are final once it commits). Bounded by the text's size, least recently
 # used out first.

@@ -206,7 +206,10 @@ def step_view(run: Run, step: Step) -> StepView:
     if step.status == StepStatus.RUNNING:
         calls = _with_decided_calls(step, calls)
     events = list(Event.objects.filter(run=run, step=step.number).order_by("created_at", "id"))
-    snaps = {s.at: s for s in Snapshot.objects.filter(run=run, step=step.number).defer("data")}
+    seqs = [Snapshot.seq_for(step.number, at) for at in ("pre", "post")]
+    # By seq (the unique (run, seq) index), without the model's ordering (a join to the run).
+    found = Snapshot.objects.filter(run=run, seq__in=seqs).order_by().defer("data", "paths")
+    snaps = {s.at: s for s in found}
     neighbours = Step.objects.filter(run=run)
     prev = neighbours.filter(number__lt=step.number).aggregate(n=Max("number"))["n"]
     nxt = neighbours.filter(number__gt=step.number).aggregate(n=Min("number"))["n"]
@@ -379,9 +382,15 @@ class Mark:
 
     @property
     def rank(self) -> int:
-        """The severity's place in SEVERITY; len(SEVERITY) for none."""
-        severity = self.severity
-        return SEVERITY.index(severity) if severity else len(SEVERITY)
+        """The severity's place in SEVERITY; len(SEVERITY) for none (what `severity`
+        says, without its string work: the strip ranks every step of the run)."""
+        if self.status == StepStatus.FAILED:
+            return 0
+        if self.attempts > 1:
+            return 1
+        if self.status == StepStatus.WAITING:
+            return 2
+        return _DID_RANKS[self.did]
 
     @property
     def failed(self) -> bool:
@@ -406,6 +415,20 @@ class Mark:
             if self.did & bit:
                 return name
         return ""
+
+
+def _did_rank(did: int) -> int:
+    """The rank of a step that did not fail, retry or wait: by what it did."""
+    names = (
+        ("answer", DID_ANSWER),
+        ("hybrid", DID_HYBRID),
+        ("write", DID_WRITE),
+        ("read", DID_READ),
+    )
+    return next((SEVERITY.index(name) for name, bit in names if did & bit), len(SEVERITY))
+
+
+_DID_RANKS = tuple(_did_rank(did) for did in range(16))
 
 
 class WallMs(Func):
@@ -478,32 +501,38 @@ def marks(run: Run) -> Marks:
     with connection.cursor() as cursor:  # no per-row converters: plain numbers and text
         cursor.execute(sql, params)
         step_rows = cursor.fetchall()
+    # Plain strings and bound methods: this loop runs once per step.
+    open_statuses = (StepStatus.RUNNING.value, StepStatus.WAITING.value)
+    succeeded, append = StepStatus.SUCCEEDED.value, out.append
     for pk, number, status, before, after, attempts, duration, size, wall in step_rows:
         mark = Mark(number, status, after or before or "", attempts, duration, size, wall)
-        if wall is None and status in (StepStatus.RUNNING, StepStatus.WAITING):
+        if wall is None and status in open_statuses:
             unfinished.append(pk)
-        if after == "done" and status == StepStatus.SUCCEEDED:
-            mark.did |= DID_ANSWER
+        if after == "done" and status == succeeded:
+            mark.did = DID_ANSWER
         by_id[pk] = mark
-        out.append(mark)
+        append(mark)
     for pk, started in Step.objects.filter(pk__in=unfinished).values_list("pk", "started_at"):
         by_id[pk].wall_ms = (now - started).total_seconds() * 1000  # still running or waiting
-    sql, params = (
-        ToolCall.objects.filter(run=run).values_list("step_id", "kind").query.sql_with_params()
-    )
+    # No order: the model's ordering would join the run and the step and sort 10,000 rows.
+    calls = ToolCall.objects.filter(run=run).order_by().values_list("step_id", "kind")
+    sql, params = calls.query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         call_rows = cursor.fetchall()
     out.calls = len(call_rows)
+    out.side_effects = sum(1 for _, kind in call_rows if kind in SIDE_EFFECT_KINDS)
     for step_id, kind in call_rows:
-        if kind in SIDE_EFFECT_KINDS:
-            out.side_effects += 1
-        if step_id in by_id:
-            by_id[step_id].did |= KIND_BITS.get(kind, 0)
-    numbered = {m.number: m for m in out}
-    for number, kind, payload in Event.objects.filter(
-        run=run, kind__in=WAIT_EVENTS, step__isnull=False
-    ).values_list("step", "kind", "payload"):
+        caller = by_id.get(step_id)
+        if caller is not None:
+            caller.did |= KIND_BITS.get(kind, 0)
+    waits = list(
+        Event.objects.filter(run=run, kind__in=WAIT_EVENTS, step__isnull=False).values_list(
+            "step", "kind", "payload"
+        )
+    )
+    numbered = {m.number: m for m in out} if waits else {}
+    for number, kind, payload in waits:
         mark = numbered.get(number)
         if mark is None:
             continue
@@ -518,15 +547,18 @@ def opening_step(run: Run, all_marks: list[Mark]) -> int | None:
     """Where a run page opens: the first failed step, else the step the run waits on (an
     operator must act), else the first retried one, else (a fork) its first step that
     diverged from its parent, else the last."""
-    tests = (
-        lambda m: m.failed,
-        lambda m: m.status == StepStatus.WAITING,
-        lambda m: m.retried,
-    )
-    for test in tests:
-        hit = next((m.number for m in all_marks if test(m)), None)
-        if hit is not None:
-            return hit
+    failed, waiting = StepStatus.FAILED.value, StepStatus.WAITING.value
+    first_waiting = first_retried = None
+    for m in all_marks:  # one pass: a 10,000-step run usually has none of the three
+        if m.status == failed:
+            return m.number
+        if first_waiting is None and m.status == waiting:
+            first_waiting = m.number
+        if first_retried is None and m.attempts > 1:
+            first_retried = m.number
+    hit = first_waiting if first_waiting is not None else first_retried
+    if hit is not None:
+        return hit
     if run.parent_id:
         diverged = first_divergence(run)
         if diverged is not None and any(m.number == diverged for m in all_marks):
@@ -684,9 +716,15 @@ def chart_points_of(all_marks: list[Mark]) -> list[charts.StepPoint]:
     an operator, the queue) as their own segments."""
     size = max(1, -(-len(all_marks) // charts.COLUMNS))
     points = []
+    failed = StepStatus.FAILED.value
     for i in range(0, len(all_marks), size):
         group = all_marks[i : i + size]
-        m = max(group, key=lambda m: max(m.wall_ms or 0.0, m.duration_ms or 0.0))
+        m, slowest, any_failed = group[0], None, False
+        for g in group:  # the first of the slowest (wall time or work), as max() would
+            key = max(g.wall_ms or 0.0, g.duration_ms or 0.0)
+            if slowest is None or key > slowest:
+                m, slowest = g, key
+            any_failed = any_failed or g.status == failed
         work = m.duration_ms or 0.0
         wall = max(m.wall_ms or 0.0, work)
         backoff = min(m.backoff_ms, wall - work)
@@ -696,7 +734,7 @@ def chart_points_of(all_marks: list[Mark]) -> list[charts.StepPoint]:
                 m.number,
                 m.duration_ms,
                 group[-1].state_size,
-                any(g.status == StepStatus.FAILED for g in group),
+                any_failed,
                 backoff_ms=backoff,
                 wait_ms=rest if rest >= 1.0 else 0.0,  # under 1 ms: the commit's bookkeeping
             )

@@ -8,6 +8,7 @@ same states, the same hashes, the same refusals.
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -149,3 +150,152 @@ def test_list_hashes_extended_by_appends_equal_hashes_built_from_scratch():
         assert node.hex == hashing.build(new).hex, step
         assert node.size == delta.json_size(new)
         state = new
+
+
+def test_a_log_that_only_grew_is_noted_as_extending_the_previous_states_list():
+    from agentrun import prefixes
+
+    agent = get_agent("scripted")
+    s1 = run_steps(agent, agent.initial_state({"goal": "g"}), 1, 3)
+    s2 = run_steps(agent, s1, 4, 4)
+    for name in ("history", "tool_calls", "decisions"):
+        assert prefixes.starts_with(s2[name], s1[name]), name
+        assert not prefixes.starts_with(s1[name], s2[name])
+    # Noted lists that changed in length since are no longer vouched for.
+    s1["decisions"].append({"step": 9, "thought": "late", "rationale": "", "action": "think"})
+    assert not prefixes.starts_with(s2["decisions"], s1["decisions"])
+
+
+class Rewriter:
+    """observe hooks that change a log in place instead of appending to it."""
+
+    @staticmethod
+    def replace(st):
+        st.history[1] = {"role": "user", "content": "rewritten"}
+
+    @staticmethod
+    def pop_and_append(st):
+        last = st.decisions.pop()
+        st.decisions.append({**last, "thought": "rewritten"})
+
+    @staticmethod
+    def delete(st):
+        del st.tool_calls[0]
+
+    @staticmethod
+    def sort(st):
+        st.history.sort(key=lambda m: m["role"])
+
+
+@pytest.mark.parametrize(
+    ("change", "log"),
+    [
+        ("replace", "history"),
+        ("pop_and_append", "decisions"),
+        ("delete", "tool_calls"),
+        ("sort", "history"),
+    ],
+)
+def test_a_log_changed_in_place_is_diffed_and_checked_in_full(change, log):
+    from agentrun import prefixes
+    from agentrun.agents import StateAgent
+
+    class Rewriting(StateAgent):
+        name = "rewriting-test"
+        rewrite = False
+
+        def observe(self, st, decision, results, ctx):
+            if self.rewrite:
+                getattr(Rewriter, change)(st)
+
+    agent = Rewriting()
+    s1 = run_steps(agent, agent.initial_state({"goal": "g"}), 1, 3)
+    agent.rewrite = True
+    s2 = run_steps(agent, s1, 4, 4)
+    assert not prefixes.starts_with(s2[log], s1[log])
+    ops = delta.diff(s1, s2)
+    assert delta.canonical(delta.patch(s1, ops)) == delta.canonical(s2)
+    node = hashing.apply(hashing.build(s1), ops)
+    assert node.hex == hashing.build(s2).hex
+
+
+def test_a_hook_that_puts_a_bad_item_in_place_is_refused():
+    from agentrun.agents import StateAgent
+
+    class Sneaky(StateAgent):
+        name = "sneaky-test"
+        sneak = False
+
+        def observe(self, st, decision, results, ctx):
+            if self.sneak:
+                st.history[1] = {"role": "narrator", "content": "oops"}
+
+    agent = Sneaky()
+    s1 = run_steps(agent, agent.initial_state({"goal": "g"}), 1, 2)
+    agent.sneak = True
+    s2 = run_steps(agent, s1, 3, 3, check=False)
+    with pytest.raises(StateError, match=r"history\[1\]\.role must be one of"):
+        agent.validate_state(s2)
+
+
+def test_a_long_typed_run_stores_exactly_its_states():
+    from agentrun import snapshots
+
+    agent = get_agent("scripted")
+    state = agent.initial_state({"goal": "g"})
+    agent.validate_state(state)
+    prev, node = snapshots.build("r", 1, "pre", state, None, None)
+    stored = json.loads(json.dumps(state))  # what a read of the chain rebuilds
+    for k in range(1, 120):
+        new = run_steps(agent, state, k, k)
+        prev, node = snapshots.build("r", k, "post", new, prev, state, prev_node=node)
+        data = json.loads(json.dumps(prev.data))
+        stored = data if prev.kind == "full" else delta.patch(stored, data)
+        assert delta.canonical(stored) == delta.canonical(new), k
+        assert node.hex == hashing.build(new).hex == prev.hash, k
+        state = new
+
+
+def test_nodes_that_share_a_grown_list_each_keep_their_own_items():
+    base = {"log": [{"i": i} for i in range(100)]}
+    node = hashing.build(base)
+    grown = {"log": [*base["log"], {"i": 100}]}
+    other = {"log": [*base["log"], {"j": 1}, {"j": 2}]}
+    shrunk = {"log": base["log"][:-1]}
+    replaced = {"log": [{"k": 0}, *base["log"][1:]]}
+    # Several successors of one node (a retried step, a fork): each appends to or
+    # changes the shared list, and neither the base nor the others see it.
+    for new in (grown, other, shrunk, replaced, grown):
+        assert hashing.apply(node, delta.diff(base, new)).hex == hashing.build(new).hex
+    assert node.hex == hashing.build(base).hex
+    # A successor of a successor, then a sibling of it that replaces an item.
+    n1 = hashing.apply(node, delta.diff(base, grown))
+    n2 = hashing.apply(n1, delta.diff(grown, {"log": [*grown["log"], {"i": 101}]}))
+    assert n2.hex == hashing.build({"log": [*grown["log"], {"i": 101}]}).hex
+    edited = {"log": [*grown["log"][:50], {"e": 1}, *grown["log"][51:]]}
+    assert hashing.apply(n1, delta.diff(grown, edited)).hex == hashing.build(edited).hex
+    assert hashing.apply(n1, delta.diff(grown, other)).hex == hashing.build(other).hex
+    assert n1.hex == hashing.build(grown).hex and node.hex == hashing.build(base).hex
+
+
+def test_list_hashes_from_any_earlier_node_equal_hashes_built_from_scratch():
+    rng = random.Random(12)
+    pool = [({"log": [{"i": i} for i in range(80)]}, None)]
+    pool[0] = (pool[0][0], hashing.build(pool[0][0]))
+    for step in range(400):
+        state, node = pool[rng.randrange(len(pool))] if rng.random() < 0.3 else pool[-1]
+        log = list(state["log"])
+        r = rng.random()
+        if r < 0.6:
+            log.extend({"a": step, "n": n} for n in range(rng.randrange(1, 3)))
+        elif r < 0.7 and log:
+            log.pop()
+        elif r < 0.8 and log:
+            log[rng.randrange(len(log))] = {"r": step}
+        else:
+            log.insert(rng.randrange(len(log) + 1), {"s": step})
+        new = {"log": log}
+        new_node = hashing.apply(node, delta.diff(state, new))
+        assert new_node.hex == hashing.build(new).hex, step
+        assert new_node.size == delta.json_size(new)
+        pool.append((new, new_node))

@@ -156,3 +156,50 @@ def test_a_step_that_backed_off_is_drawn_with_its_backoff(client_for, people):
     chart = client_for("viewer").get(f"/runs/{run.pk}/").context["duration_chart"]
     assert chart.max_value >= 7500  # 7.5 s of backoff, not the step's few ms of work
     assert "backoff" in html and "waits" in html
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed", "waiting", "running"])
+@pytest.mark.parametrize("attempts", [1, 2])
+@pytest.mark.parametrize("did", range(16))
+def test_a_marks_rank_is_the_place_of_its_severity(status, attempts, did):
+    mark = timeline.Mark(1, status, "executing", attempts, None, None, None, did=did)
+    severity = mark.severity
+    expected = timeline.SEVERITY.index(severity) if severity else len(timeline.SEVERITY)
+    assert mark.rank == expected
+
+
+def test_a_step_page_shows_its_own_pre_and_post_snapshots(client_for, people):
+    run = long_run(people["operator"], 20, with_snapshots=True)
+    response = client_for("viewer").get(f"/runs/{run.pk}/steps/7/")
+    snaps = response.context["sv"].snapshots
+    assert {at: (s.step, s.at) for at, s in snaps.items()} == {
+        "pre": (7, "pre"),
+        "post": (7, "post"),
+    }
+
+
+def _marks(*specs):
+    return [
+        timeline.Mark(n, status, "executing", attempts, dur, 10, wall)
+        for n, (status, attempts, dur, wall) in enumerate(specs, start=1)
+    ]
+
+
+def test_the_opening_step_is_the_first_failed_then_waiting_then_retried_then_the_last():
+    run = Run(agent="scripted")
+    ok, retried = ("succeeded", 1, 1.0, 1.0), ("succeeded", 2, 1.0, 1.0)
+    waiting, failed = ("waiting", 1, None, None), ("failed", 1, 1.0, 1.0)
+    assert timeline.opening_step(run, _marks(ok, retried, waiting, ok, failed)) == 5
+    assert timeline.opening_step(run, _marks(ok, retried, waiting, waiting)) == 3
+    assert timeline.opening_step(run, _marks(ok, retried, ok, retried)) == 2
+    assert timeline.opening_step(run, _marks(ok, ok, ok)) == 3
+    assert timeline.opening_step(run, []) is None
+
+
+def test_a_chart_column_shows_the_first_of_its_slowest_steps():
+    ok = ("succeeded", 1, 1.0, 1.0)
+    slow_work, slow_wall = ("succeeded", 1, 9.0, 2.0), ("failed", 1, 1.0, 9.0)
+    marks = _marks(*([ok] * 1000), slow_work, ok, slow_wall, *([ok] * 1997))  # 10 a column
+    points = timeline.chart_points_of(marks)
+    column = next(p for p in points if p.number >= 1000)
+    assert column.number == 1001 and column.failed  # the tie goes to the first; 1003 failed
