@@ -335,8 +335,11 @@ _LOCATOR = 1 + 16 + 4
 # The last FULL_WINDOW bytes of recently used dictionaries, by locator (run id bytes + seq).
 # Snapshots never change; a run deleted and imported again under its id may hold other
 # text, which the stream's checksum catches: then the dictionary is read again (inflate).
+# Bounded by their bytes, not their number: a worker with a thousand small runs in flight
+# keeps each one's keyframe tail, and a few big ones don't crowd out the memory.
 _TAILS: OrderedDict[bytes, bytes] = OrderedDict()
-_TAILS_MAX = 64
+_TAILS_MAX_BYTES = 16 * 1024 * 1024
+_TAILS_BYTES = 0
 _TAILS_LOCK = threading.Lock()
 
 
@@ -350,11 +353,33 @@ def _key(run_id: Any, seq: int) -> bytes:
 
 def remember_dictionary(run_id: Any, seq: int, text: bytes) -> None:
     """Keep the text of a snapshot this process has just committed (or read)."""
+    global _TAILS_BYTES
     key = _key(run_id, seq)
+    tail = text[-FULL_WINDOW:]
     with _TAILS_LOCK:
-        _TAILS[key] = text[-FULL_WINDOW:]
-        while len(_TAILS) > _TAILS_MAX:
-            _TAILS.popitem(last=False)
+        _TAILS_BYTES += len(tail) - len(_TAILS.pop(key, b""))
+        _TAILS[key] = tail
+        while _TAILS_BYTES > _TAILS_MAX_BYTES and _TAILS:
+            _TAILS_BYTES -= len(_TAILS.popitem(last=False)[1])
+
+
+def forget_dictionaries() -> None:
+    """Empty this process's dictionaries (as in another process: tests)."""
+    global _TAILS_BYTES
+    with _TAILS_LOCK:
+        _TAILS.clear()
+        _TAILS_BYTES = 0
+
+
+def forget_dictionary(key: bytes) -> None:
+    global _TAILS_BYTES
+    with _TAILS_LOCK:
+        _TAILS_BYTES -= len(_TAILS.pop(key, b""))
+
+
+def remembered_dictionary(run_id: Any, seq: int) -> bytes | None:
+    """The text tail of a snapshot if this process has it in memory; never a query."""
+    return _TAILS.get(_key(run_id, seq))
 
 
 def pack_text(
@@ -420,8 +445,7 @@ def inflate(blob: bytes, zdicts: dict[bytes, bytes] | None = None) -> bytes:
     text = None if zdict is None else _unpack(blob, zdict, window)
     if text is None:
         # Not at hand, or remembered from a run since deleted: read it (again).
-        with _TAILS_LOCK:
-            _TAILS.pop(key, None)
+        forget_dictionary(key)
         zdict = dictionaries({key}).get(key)
         if zdict is None:
             run, seq = uuid.UUID(bytes=key[:16]), int.from_bytes(key[16:], "big")

@@ -35,12 +35,11 @@ from agentrun.models import (
     Prepared,
     Snapshot,
     SnapshotKind,
-    _key,
-    dictionaries,
     json_text,
     pack,
     pack_text,
     remember_dictionary,
+    remembered_dictionary,
 )
 from agentrun.watch import touched_paths
 
@@ -170,8 +169,9 @@ def insert_values(snapshot: Snapshot) -> tuple[dict[str, Any], bytes | None]:
     text = json_text(snapshot.data).encode()
     data: bytes | None = None
     if snapshot.kind == SnapshotKind.DELTA:
-        key = _key(snapshot.run_id, snapshot.keyframe_seq)
-        keyframe = dictionaries({key}).get(key)
+        # Only from memory: a query at every commit costs more than the bytes it saves
+        # (a worker with a thousand runs in flight); a delta not packed is stored plain.
+        keyframe = remembered_dictionary(snapshot.run_id, snapshot.keyframe_seq)
         if keyframe is not None:
             data = pack_text(text, snapshot.run_id, snapshot.keyframe_seq, keyframe, SHORT_WINDOW)
     values["data"] = data or Prepared(zlib.compress(text, CompressedJSONField.level))

@@ -137,7 +137,7 @@ def test_a_deltas_keyframe_is_its_dictionary_and_every_state_reads_back():
     from agentrun import hashing, models, snapshots
 
     run = run_of_lookups(pages=6)
-    models._TAILS.clear()  # as in another process: the keyframes are read from the database
+    models.forget_dictionaries()  # as in another process: the keyframes are read from the database
     deltas = Snapshot.objects.filter(run=run, kind=SnapshotKind.DELTA)
     with connection.cursor() as cursor:
         cursor.execute(
