@@ -4,7 +4,13 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_init, worker_ready
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+)
 from kombu.transport import TRANSPORT_ALIASES
 
 # "filesystem://" (the embedded default) gets the atomic-write variant.
@@ -60,6 +66,26 @@ def _start_the_pool_threads(sender: Any = None, **_: Any) -> None:
     # Each call starts a thread while none is idle and the pool is not full yet.
     for _ in range(executor._max_workers):
         start_one()
+
+
+# The cyclic garbage collector walked every object the worker allocated since it
+# started (Django, the SDK, hundreds of threads' steps in flight) over and over: ~0.5 ms
+# of CPU per LLM-bound step with 300 in flight. What exists once the worker is ready
+# lives as long as the process: frozen, it is never walked again. And a young
+# collection every 10,000 new objects instead of 700: a step allocates thousands, and
+# frees nearly all of them by reference counting, not by the collector.
+GC_GEN0_THRESHOLD = 10_000
+
+
+@worker_ready.connect
+@worker_process_init.connect  # a prefork pool's children
+def _freeze_startup_objects(**_: Any) -> None:
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 # A profile of the CPU time of everything a worker process runs, for bench/
