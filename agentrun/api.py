@@ -816,15 +816,22 @@ def get_history(
     ),
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Changes to skip.")] = 0,
 ) -> dict[str, Any]:
-    """A fork's history goes on into its parent before the fork point (`inherited`)."""
+    """A fork's history goes on into its parent before the fork point (`inherited`).
+
+    Paged, oldest first: the run is read only as far as the page needs (and a little
+    further, to count a history of up to 200 changes whole). A longer history's `count`
+    is null until its last page; `more` and `next_offset` say where the next page starts.
+    """
     run = _get_run(run_id)
     try:
         parsed = watch.parse_path(path)
     except watch.PathSyntaxError as exc:
         raise ApiError(400, str(exc), field="path") from None
-    found = watch.history(run, parsed)
+    # Scanned only as far as the page (a value every step changes: its first changes).
+    found = watch.history(run, parsed, limit=max(offset + limit, watch.COUNTED))
     page = found.changes[offset : offset + limit]
     details = watch.step_details(page)
+    more = found.more or len(found.changes) > offset + limit
     return {
         "run_id": run.pk,
         "path": found.display,
@@ -838,7 +845,9 @@ def get_history(
             "exists": found.start.exists,
             **watch.value_json("value", found.start.value),
         },
-        "count": len(found.changes),
+        "count": None if found.more else len(found.changes),
+        "more": more,
+        "next_offset": offset + limit if more else None,
         "changes": [watch.change_json(c, details) for c in page],
         "snapshots_read": found.snapshots_read,
     }

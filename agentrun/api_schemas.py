@@ -533,7 +533,12 @@ class PathHistory(Response):
     ever_existed: bool = Field(description="False: no snapshot of the run ever had this path.")
     exists_now: bool = Field(description="The latest snapshot has it.")
     start: ValueStart = Field(description="The value when the (oldest) run began.")
-    count: int = Field(description="All changes, not just this page.")
+    count: int | None = Field(
+        description="All changes, not just this page; null when there are more than 200 "
+        "and this page is not the last (the run is read only as far as the page)."
+    )
+    more: bool = Field(description="Changes after this page: ask for `next_offset`.")
+    next_offset: int | None = Field(description="The next page's offset; null on the last.")
     changes: list[ValueChange]
     snapshots_read: int = Field(description="Snapshots whose data the scan read.")
 

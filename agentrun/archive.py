@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import socket
 import uuid
 import zlib
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
+from itertools import islice
 from typing import IO, Any
 
 from django.conf import settings
@@ -37,12 +39,14 @@ from agentrun import delta, hashing, snapshots
 from agentrun.models import (
     CompressedJSONField,
     Event,
+    HashField,
     Run,
     RunLabel,
     Snapshot,
     SnapshotKind,
     Step,
     ToolCall,
+    inflate_many,
 )
 from agentrun.state import SCHEMA_VERSION
 
@@ -50,6 +54,7 @@ FORMAT = "agentrun-run-archive"
 FORMAT_VERSION = 1
 MEDIA_TYPE = "application/gzip"
 CHUNK = 256 * 1024
+_HEX = re.compile(r"(?:[0-9a-f]{2}){1,64}")
 
 
 class ArchiveError(ValueError):
@@ -138,13 +143,17 @@ def _rows(qs: Any, fields: list[Any], *extra: str) -> Iterator[dict[str, Any]]:
         else:
             columns.append(f.attname)
     names = [f.name for f in fields] + list(extra)
-    packed = {f.name for f in fields if isinstance(f, CompressedJSONField)}
-    for row in qs.values_list(*columns, *extra).iterator(chunk_size=500):
-        values = dict(zip(names, row, strict=True))
-        for name in packed:
-            blob = values[name]
-            values[name] = Raw(b"null" if blob is None else zlib.decompress(blob))
-        yield {k: _plain(v) for k, v in values.items()}
+    packed = [names.index(f.name) for f in fields if isinstance(f, CompressedJSONField)]
+    rows = qs.values_list(*columns, *extra).iterator(chunk_size=500)
+    while chunk := [list(row) for row in islice(rows, 500)]:
+        for i in packed:
+            # A packed tool result reads its step's delta: one query a chunk (inflate_many).
+            blobs = [row[i] for row in chunk if row[i] is not None]
+            texts = iter(inflate_many(blobs))
+            for row in chunk:
+                row[i] = Raw(b"null" if row[i] is None else next(texts))
+        for row in chunk:
+            yield {k: _plain(v) for k, v in zip(names, row, strict=True)}
 
 
 # --- export --------------------------------------------------------------------------------
@@ -488,6 +497,8 @@ class _Column:
             kind = "float"
         elif isinstance(f, models.CharField | models.TextField) and not hasattr(f, "from_db_value"):
             kind = "text"
+        elif isinstance(f, HashField):
+            kind = "hash"
         else:
             kind = "json"
         choices = frozenset(str(c[0]) for c in f.flatchoices) if f.choices else None
@@ -510,6 +521,8 @@ class _Column:
                 raise ArchiveError(
                     f"{where}: {self.name} is longer than {self.max_length} characters"
                 )
+        elif kind == "hash":  # hex text, stored as its bytes
+            ok = type(value) is str and _HEX.fullmatch(value) is not None
         elif kind == "bool":
             ok = type(value) is bool
         elif kind == "float":

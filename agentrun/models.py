@@ -10,8 +10,10 @@ import contextlib
 import hashlib
 import json
 import secrets
+import threading
 import uuid
 import zlib
+from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -296,17 +298,145 @@ class JSONText(models.TextField):
         return None if value is None else json.loads(value)
 
     def get_prep_value(self, value: Any) -> Any:
-        return None if value is None else _json_text(value)
+        return None if value is None else json_text(value)
 
 
-def _json_text(value: Any) -> str:
-    """Compact JSON; a lone surrogate (not UTF-8 encodable) is kept as a \\u escape."""
+def json_text(value: Any) -> str:
+    """Compact JSON, as the JSON columns store it; a lone surrogate (not UTF-8 encodable) is kept as a \\u escape."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     try:
         text.encode()
     except UnicodeEncodeError:
         text = json.dumps(value, separators=(",", ":"), allow_nan=False)
     return text
+
+
+class Prepared(bytes):
+    """A compressed column value computed already: stored as it is."""
+
+
+# A value packed against another snapshot's JSON text, as zlib's preset dictionary:
+# - a read call's result against its step's post delta, which holds the same text once
+#   the agent has put the result in its state: the result costs what the delta lacks;
+# - a delta against the end of its keyframe's text, which the reads of the delta read
+#   first anyway: the run's own words, names and keys are then cheap to repeat.
+# Its bytes: a mark, the run's id (16 bytes), the seq of the run's snapshot whose data is
+# the dictionary (4 bytes, big-endian), then a zlib stream whose header holds the
+# dictionary's checksum. The mark says how much of the text's end is the dictionary:
+# FULL_WINDOW (zlib looks back 32 KiB at most) or SHORT_WINDOW, which costs a read a
+# quarter of the time to set up and keeps most of the gain (a delta's). A zlib stream
+# never starts with a mark (its first byte has 8 in its low bits).
+FULL_WINDOW, SHORT_WINDOW = 32 * 1024, 8 * 1024
+_WINDOWS = {b"\x01": FULL_WINDOW, b"\x02": SHORT_WINDOW}
+_MARKS = {size: mark for mark, size in _WINDOWS.items()}
+PACKED = 0x01  # the mark of a result (FULL_WINDOW)
+_LOCATOR = 1 + 16 + 4
+
+# The last FULL_WINDOW bytes of recently used dictionaries, by locator (run id bytes + seq).
+# Snapshots never change; a run deleted and imported again under its id may hold other
+# text, which the stream's checksum catches: then the dictionary is read again (inflate).
+_TAILS: OrderedDict[bytes, bytes] = OrderedDict()
+_TAILS_MAX = 64
+_TAILS_LOCK = threading.Lock()
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def _key(run_id: Any, seq: int) -> bytes:
+    return _uuid(run_id).bytes + seq.to_bytes(4, "big")
+
+
+def remember_dictionary(run_id: Any, seq: int, text: bytes) -> None:
+    """Keep the text of a snapshot this process has just committed (or read)."""
+    key = _key(run_id, seq)
+    with _TAILS_LOCK:
+        _TAILS[key] = text[-FULL_WINDOW:]
+        while len(_TAILS) > _TAILS_MAX:
+            _TAILS.popitem(last=False)
+
+
+def pack_text(
+    text: bytes, run_id: Any, seq: int, zdict: bytes, window: int = FULL_WINDOW
+) -> Prepared:
+    """JSON `text` compressed against the last `window` bytes of `zdict`, the text of
+    snapshot `seq` of `run_id` (or compressed alone, when that comes out smaller)."""
+    z = zlib.compressobj(CompressedJSONField.level, zdict=zdict[-window:])
+    body = z.compress(text) + z.flush()
+    if len(body) * 4 > len(text):  # the dictionary held little of it
+        plain = zlib.compress(text, CompressedJSONField.level)
+        if len(plain) <= len(body) + _LOCATOR:
+            return Prepared(plain)
+    return Prepared(_MARKS[window] + _key(run_id, seq) + body)
+
+
+def pack(value: Any, run_id: Any, seq: int, zdict: bytes) -> Prepared:
+    """pack_text for a JSON value."""
+    return pack_text(json_text(value).encode(), run_id, seq, zdict)
+
+
+def dictionaries(wanted: set[bytes]) -> dict[bytes, bytes]:
+    """The (last FULL_WINDOW bytes of the) JSON text of these snapshots, by locator
+    (`_key`), from memory or one query per run; a snapshot that is gone is left out."""
+    found = {k: t for k in wanted if (t := _TAILS.get(k)) is not None}
+    by_run: dict[bytes, list[int]] = {}
+    for key in wanted - found.keys():
+        by_run.setdefault(key[:16], []).append(int.from_bytes(key[16:], "big"))
+    raw = models.ExpressionWrapper(models.F("data"), output_field=models.BinaryField())
+    for run_bytes, seqs in by_run.items():
+        run_id = uuid.UUID(bytes=run_bytes)
+        rows = Snapshot.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", raw)
+        for seq, data in rows:
+            if data is not None:
+                text = inflate(data)
+                remember_dictionary(run_id, seq, text)
+                found[_key(run_id, seq)] = text[-FULL_WINDOW:]
+    return found
+
+
+def _unpack(blob: bytes, zdict: bytes, window: int) -> bytes | None:
+    """The text of a packed value given its dictionary; None if it is not the one."""
+    try:
+        z = zlib.decompressobj(zdict=zdict if len(zdict) <= window else zdict[-window:])
+        text = z.decompress(blob[_LOCATOR:])
+    except zlib.error:
+        return None
+    if not z.eof:
+        raise zlib.error("a packed value is truncated")
+    return text
+
+
+def inflate(blob: bytes, zdicts: dict[bytes, bytes] | None = None) -> bytes:
+    """The JSON text (UTF-8) of a compressed column's stored bytes; `zdicts`: dictionaries
+    at hand (else from memory or the database)."""
+    if type(blob) is not bytes:
+        blob = bytes(blob)
+    window = _WINDOWS.get(blob[:1])
+    if window is None:
+        return zlib.decompress(blob)
+    key = blob[1:_LOCATOR]
+    zdict = (zdicts or _TAILS).get(key)
+    text = None if zdict is None else _unpack(blob, zdict, window)
+    if text is None:
+        # Not at hand, or remembered from a run since deleted: read it (again).
+        with _TAILS_LOCK:
+            _TAILS.pop(key, None)
+        zdict = dictionaries({key}).get(key)
+        if zdict is None:
+            run, seq = uuid.UUID(bytes=key[:16]), int.from_bytes(key[16:], "big")
+            raise ValueError(f"a packed value refers to snapshot {seq} of run {run}, which is gone")
+        text = _unpack(blob, zdict, window)
+        if text is None:
+            raise zlib.error("a packed value doesn't match the snapshot it refers to")
+    return text
+
+
+def inflate_many(blobs: list[bytes]) -> list[bytes]:
+    """inflate() for many values: the dictionaries of packed ones in one query per run."""
+    blobs = [b if type(b) is bytes else bytes(b) for b in blobs]
+    zdicts = dictionaries({b[1:_LOCATOR] for b in blobs if b[:1] in _WINDOWS})
+    return [inflate(b, zdicts) for b in blobs]
 
 
 class CompressedJSONField(models.Field):
@@ -317,6 +447,8 @@ class CompressedJSONField(models.Field):
     results are mostly prose; PostgreSQL's own pglz packs it a third less and only
     tries on rows over 2 KB. The conversion happens in get_db_prep_value and
     from_db_value, so raw SQL can insert `field.get_db_prep_value(value, connection)`.
+    A value may also be stored packed against a snapshot's text (`pack`): reading it
+    reads that snapshot's data too; `inflate` turns any stored bytes into the text.
     """
 
     description = "JSON, zlib-compressed"
@@ -329,13 +461,15 @@ class CompressedJSONField(models.Field):
     def get_prep_value(self, value: Any) -> Any:
         if value is None:
             return None
-        return zlib.compress(_json_text(value).encode(), self.level)
+        if isinstance(value, Prepared):
+            return bytes(value)
+        return zlib.compress(json_text(value).encode(), self.level)
 
     def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
         return value if prepared else self.get_prep_value(value)
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
-        return None if value is None else json.loads(zlib.decompress(value))
+        return None if value is None else json.loads(inflate(value))
 
     def to_python(self, value: Any) -> Any:
         return value
@@ -345,6 +479,38 @@ class CompressedJSONField(models.Field):
 
     def formfield(self, **kwargs: Any) -> Any:
         return super().formfield(**{"form_class": forms.JSONField, **kwargs})
+
+
+class HashField(models.Field):
+    """A SHA-256 digest (or a shorter hex digest): its hex text in Python, its bytes stored
+    (bytea on PostgreSQL, BLOB on SQLite), half the size of the text and its index entries.
+    Lookups by equality take the hex text; no text lookup (startswith...) applies."""
+
+    description = "a hex digest, stored as bytes"
+    empty_strings_allowed = False
+
+    def get_internal_type(self) -> str:
+        return "BinaryField"
+
+    def get_prep_value(self, value: Any) -> Any:
+        if value is None or isinstance(value, bytes | memoryview):
+            return value
+        return bytes.fromhex(value)
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        return value if prepared else self.get_prep_value(value)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        return None if value is None else bytes(value).hex()
+
+    def to_python(self, value: Any) -> Any:
+        return value
+
+    def value_to_string(self, obj: Any) -> Any:
+        return self.value_from_object(obj)
+
+    def formfield(self, **kwargs: Any) -> Any:
+        return super().formfield(**{"form_class": forms.CharField, **kwargs})
 
 
 class SnapshotKind(models.TextChoices):
@@ -374,7 +540,7 @@ class Snapshot(models.Model):
     kind = models.CharField(max_length=8, choices=SnapshotKind.choices)
     data = CompressedJSONField(null=True, blank=True)
     keyframe_seq = models.IntegerField()
-    hash = models.CharField(max_length=64)
+    hash = HashField()
     size = models.IntegerField(help_text="bytes of the whole state as compact JSON")
     stored_bytes = models.IntegerField(
         default=0, help_text="bytes of data as compact JSON (stored compressed)"
@@ -440,7 +606,7 @@ class ToolCall(models.Model):
     tool = models.CharField(max_length=100)
     kind = models.CharField(max_length=8)
     args = models.JSONField(default=dict)
-    args_hash = models.CharField(max_length=64)
+    args_hash = HashField()
     idempotency_key = models.CharField(max_length=300)
     status = models.CharField(max_length=20, choices=ToolCallStatus.choices)
     result = CompressedJSONField(null=True, blank=True)
@@ -457,9 +623,9 @@ class ToolCall(models.Model):
     class Meta:
         ordering = ["run", "step__number", "index"]
         constraints = [
+            # Also makes idempotency keys unique: a key is {run}:{step}:{index}:... (the
+            # engine's idempotency_key), so no index of its own (a fifth of a read call's bytes).
             models.UniqueConstraint(fields=["step", "index"], name="toolcall_step_index"),
-            # A constraint, not unique=True: on PostgreSQL that adds a second (LIKE) index.
-            models.UniqueConstraint(fields=["idempotency_key"], name="toolcall_idempotency_key"),
         ]
         indexes = [
             # The audit page (side effects, newest first) and the reconciler's hybrid
@@ -471,6 +637,11 @@ class ToolCall(models.Model):
             ),
             # The per-run read cache, and every per-run lookup.
             models.Index(fields=["run", "tool", "args_hash"], name="toolcall_run_tool_args"),
+            # Search within a run (debugger.search): which steps have a call of this tool,
+            # kind or status, answered from the index alone (the rows hold the results).
+            models.Index(
+                fields=["run", "tool", "kind", "status", "step"], name="toolcall_run_search"
+            ),
         ]
 
     def __str__(self) -> str:

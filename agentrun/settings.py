@@ -285,6 +285,9 @@ AGENTRUN_LLM_TIMEOUT = env_float("AGENTRUN_LLM_TIMEOUT", 60.0)
 AGENTRUN_LLM_MAX_CONCURRENCY = env_int("AGENTRUN_LLM_MAX_CONCURRENCY", 500)
 # Each worker process keeps the latest state of the runs it works on, up to this size.
 AGENTRUN_STATE_CACHE_MB = env_int("AGENTRUN_STATE_CACHE_MB", 256)
+# Each web process keeps the text of the tool calls of the runs searched last (a
+# 10,000-step run of the bench workload: ~30 MB), up to this size.
+AGENTRUN_SEARCH_CACHE_MB = env_int("AGENTRUN_SEARCH_CACHE_MB", 64)
 
 # Importing a run's archive (agentrun.archive): the archive's size as uploaded, what it
 # may inflate to (a gzip bomb stops here, not in memory) and its longest line (one record).

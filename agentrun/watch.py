@@ -18,6 +18,7 @@ the key with those digits in an object.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -30,6 +31,7 @@ from agentrun import delta
 from agentrun.models import Run, Snapshot, SnapshotKind
 
 __all__ = [
+    "COUNTED",
     "MAX_PATH_CHARS",
     "MISSING",
     "Change",
@@ -40,12 +42,15 @@ __all__ = [
     "parse_path",
     "pointer",
     "touched_paths",
+    "value_now",
 ]
 
 MAX_PATH_CHARS = 1000
 MAX_PATH_DEPTH = 64
 #: Keys of an op's path kept in the index; deeper changes are recorded at this depth.
 INDEX_DEPTH = 4
+#: A paged history is scanned for at least this many changes: up to it, it is counted whole.
+COUNTED = 200
 #: Forks of forks followed into their parents at most (a fork's read crosses at most 16).
 MAX_HOPS = 32
 
@@ -309,6 +314,7 @@ class History:
     changes: list[Change] = field(default_factory=list)
     current: Any = MISSING
     snapshots_read: int = 0  # snapshots whose data was read (deltas and keyframes)
+    more: bool = False  # stopped after `limit` changes: there are more after them
 
     @property
     def display(self) -> str:
@@ -316,7 +322,7 @@ class History:
 
     @property
     def ever_existed(self) -> bool:
-        return self.start.exists or any(c.after_exists for c in self.changes)
+        return self.start.exists or any(c.after_exists or c.before_exists for c in self.changes)
 
     @property
     def exists_now(self) -> bool:
@@ -338,37 +344,67 @@ class History:
         return before, at, after
 
 
-def history(run: Run, path: Path, upto: tuple[int, str] | None = None) -> History:
+def history(
+    run: Run,
+    path: Path,
+    upto: tuple[int, str] | None = None,
+    *,
+    limit: int | None = None,
+    past_step: int | None = None,
+) -> History:
     """Every change of the value at `path` in `run` (and, for a fork, in its parents
-    before the fork point), oldest first. `upto`: stop at that (step, at) snapshot."""
+    before the fork point), oldest first. `upto`: stop at that (step, at) snapshot.
+
+    `limit`: only the first `limit` changes; the scan stops at the next one (`more`),
+    so a value that every step changes costs its first changes, not the whole run
+    (the value now is then read on its own, see `value_now`). With `past_step` too,
+    the scan goes on to the run's first change after that step (`around` needs it)."""
     upto_seq = Snapshot.seq_for(*upto) if upto else None
-    scan = _Scan(path)
-    state, start = scan.run(run, upto_seq, hops=0)
+    scan = _Scan(path, limit, past_step)
+    try:
+        state, _ = scan.run(run, upto_seq, hops=0)
+        current = resolve(state, path)
+    except _Enough:
+        if past_step is None:
+            del scan.changes[limit:]
+        current = value_now(run, path, upto_seq, scan)
+    assert scan.start is not None
     return History(
         run=run,
         path=path,
-        start=start,
+        start=scan.start,
         changes=scan.changes,
-        current=resolve(state, path),
+        current=current,
         snapshots_read=scan.read,
+        more=scan.stopped,
     )
 
 
 _FIELDS = ("seq", "step", "at", "kind", "data", "paths")
 
 
+class _Enough(Exception):
+    """The scan found the changes it was asked for, and one more."""
+
+
 class _Scan:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, limit: int | None = None, past_step: int | None = None) -> None:
         self.path = path
+        self.limit = limit
+        self.past_step = past_step
+        self.past = past_step is None  # a change of this run after past_step was found
         self.changes: list[Change] = []
         self.read = 0
+        self.start: Start | None = None
+        self.stopped = False
 
     def run(self, run: Run, upto_seq: int | None, hops: int) -> tuple[Any, Start]:
         """Scan `run` up to upto_seq; return the working state there and the start."""
         inherited = hops > 0
         first = Snapshot.objects.filter(run_id=run.pk).order_by("seq").values_list(*_FIELDS).first()
         if first is None:
-            return {}, Start(run.pk, run.first_step, "pre", MISSING)
+            self.start = Start(run.pk, run.first_step, "pre", MISSING)
+            return {}, self.start
         seq, step, at, kind, data, _ = first
         self.read += 1
         parent = _parent_of(run) if hops < MAX_HOPS else None
@@ -386,17 +422,13 @@ class _Scan:
             self._record(run.pk, step, at, seq, before, state, how, inherited)
         elif kind == SnapshotKind.FORK:  # a fork whose parent is gone: nothing to start from
             state, start = {}, Start(run.pk, step, at, MISSING)
+            self.start = start
         else:
             state = data if kind == SnapshotKind.FULL else {}
             start = Start(run.pk, step, at, resolve(state, self.path))
-        rows = (
-            Snapshot.objects.filter(run_id=run.pk, seq__gt=seq)
-            .exclude(kind=SnapshotKind.REF)
-            .filter(_may_touch(self.path))
-        )
-        if upto_seq is not None:
-            rows = rows.filter(seq__lte=upto_seq)
-        for seq, step, at, kind, data, paths in rows.order_by("seq").values_list(*_FIELDS):
+            self.start = start
+        first_seq = seq
+        for seq, step, at, kind, data, paths in _touching(run.pk, self.path, first_seq, upto_seq):
             self.read += 1
             if kind == SnapshotKind.DELTA:
                 ops = [op for op in data if _reaches(op[1], self.path)]
@@ -434,6 +466,11 @@ class _Scan:
         else:
             kind = how[0]
         self.changes.append(Change(run_id, step, at, seq, kind, how[1], before, after, inherited))
+        if self.past_step is not None and not self.past and not inherited and step > self.past_step:
+            self.past = True
+        if self.limit is not None and len(self.changes) > self.limit and self.past:
+            self.stopped = True
+            raise _Enough
 
     def _how(self, ops: list, *, edit: bool) -> tuple[str, str]:
         """(kind for a value that changed, words) from the ops that reached the path."""
@@ -480,6 +517,134 @@ class _Scan:
                 words.append(f"{where or 'the whole state'} replaced")
         text = "; ".join(words[:4]) + (f" (+{len(words) - 4} more)" if len(words) > 4 else "")
         return "set", text or "changed"
+
+
+#: Snapshots read per query: a scan that stops early reads few more than it needs.
+_BATCHES = (64, 256, 1024, 4096)
+
+
+def _touching(
+    run_id: Any, path: Path, after_seq: int, upto_seq: int | None
+) -> Iterable[tuple[Any, ...]]:
+    """The run's snapshots after after_seq (up to upto_seq) that may have changed the
+    value at path, oldest first, read a batch at a time."""
+    rows = (
+        Snapshot.objects.filter(run_id=run_id)
+        .exclude(kind=SnapshotKind.REF)
+        .filter(_may_touch(path))
+        .order_by("seq")
+    )
+    if upto_seq is not None:
+        rows = rows.filter(seq__lte=upto_seq)
+    for size in itertools.chain(_BATCHES, itertools.repeat(_BATCHES[-1])):
+        batch = list(rows.filter(seq__gt=after_seq).values_list(*_FIELDS)[:size])
+        yield from batch
+        if len(batch) < size:
+            return
+        after_seq = batch[-1][0]
+
+
+# --- the value now, without the whole history -------------------------------------------
+
+_UNKNOWN = object()
+#: Snapshots read backwards from the newest before giving up on that way.
+BACK_ROWS = 64
+
+
+def value_now(run: Run, path: Path, upto_seq: int | None = None, scan: _Scan | None = None) -> Any:
+    """The value at path in the run's latest snapshot (or its upto_seq one).
+
+    Read backwards from the newest snapshots that may have changed it, when one of
+    them sets the value (or a container above it) whole, as most changes do: the ops
+    inside the value after it are applied to that. Else (a list on the way spliced, a
+    negative index) forward from the latest keyframe, applying only the ops that reach
+    the path; through a fork reference, the whole history."""
+    counter = scan or _Scan(path)
+    value = _now_backwards(run, path, upto_seq, counter)
+    if value is _UNKNOWN:
+        value = _now_from_keyframe(run, path, upto_seq, counter)
+    return value
+
+
+def _newest(run: Run, path: Path, upto_seq: int | None) -> Any:
+    rows = Snapshot.objects.filter(run_id=run.pk).exclude(kind=SnapshotKind.REF)
+    if upto_seq is not None:
+        rows = rows.filter(seq__lte=upto_seq)
+    return rows.filter(_may_touch(path)).order_by("-seq").values_list("kind", "data")
+
+
+def _now_backwards(run: Run, path: Path, upto_seq: int | None, scan: _Scan) -> Any:
+    if any(type(p) is int and p < 0 for p in path):
+        return _UNKNOWN  # which item depends on the list's length
+    inside: list[list] = []  # ops within the value, newest first
+    newest = _newest(run, path, upto_seq)
+    # The newest few first: most values are set whole by their latest change.
+    for kind, data in itertools.chain(newest[:8], newest[8:BACK_ROWS]):
+        scan.read += 1
+        if kind == SnapshotKind.FULL:
+            base = resolve(data, path)
+            break
+        if kind != SnapshotKind.DELTA:
+            return _UNKNOWN
+        base = _UNKNOWN
+        for op in reversed(data):
+            if not _reaches(op[1], path):
+                continue
+            rel = _relation(op, path)
+            if rel == "sibling":
+                continue  # another item of a list on the way (none spliced since)
+            if rel == "inside":
+                inside.append(op)
+                continue
+            if rel == "set":
+                base = op[2]
+            elif rel == "del" or (rel == "ancestor" and op[0] == "del"):
+                base = MISSING
+            elif rel == "ancestor":
+                base = resolve(op[2], path[len(op[1]) :])
+            else:  # a list on the way spliced: the index may name another item now
+                return _UNKNOWN
+            break
+        if base is not _UNKNOWN:
+            break
+    else:
+        return _UNKNOWN
+    if not inside:
+        return base
+    if base is MISSING:
+        return _UNKNOWN
+    ops = [[op[0], op[1][len(path) :], *op[2:]] for op in reversed(inside)]
+    try:
+        return delta.patch(base, ops)
+    except delta.DeltaError:
+        return _UNKNOWN
+
+
+def _now_from_keyframe(run: Run, path: Path, upto_seq: int | None, scan: _Scan) -> Any:
+    last = Snapshot.objects.filter(run_id=run.pk)
+    if upto_seq is not None:
+        last = last.filter(seq__lte=upto_seq)
+    keyframe_seq = last.order_by("-seq").values_list("keyframe_seq", flat=True).first()
+    keyframe = (
+        Snapshot.objects.filter(run_id=run.pk, seq=keyframe_seq).values_list("kind", "data").first()
+    )
+    if keyframe is None or keyframe[0] != SnapshotKind.FULL:
+        return history(
+            run,
+            path,
+            (upto_seq // 2, "post" if upto_seq % 2 else "pre") if upto_seq is not None else None,
+        ).current
+    scan.read += 1
+    state = keyframe[1]
+    assert keyframe_seq is not None
+    for _, _, _, kind, data, _ in _touching(run.pk, path, keyframe_seq, upto_seq):
+        scan.read += 1
+        if kind == SnapshotKind.DELTA:
+            ops = [op for op in data if _reaches(op[1], path)]
+            state = _patch(state, ops, len(path)) if ops else state
+        elif kind == SnapshotKind.FULL:
+            state = data
+    return resolve(state, path)
 
 
 def _patch(state: Any, ops: list, depth: int) -> Any:

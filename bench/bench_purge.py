@@ -272,7 +272,7 @@ def main() -> None:
         cur.execute(
             "TRUNCATE agentrun_event, agentrun_toolcall, agentrun_snapshot, agentrun_step, "
             "agentrun_ledgerentry, agentrun_ledgerinvocation, agentrun_outboxmessage, "
-            "agentrun_reservation, agentrun_run"
+            "agentrun_reservation, agentrun_run CASCADE"  # and whatever else refers to runs
         )
         cur.execute("SET session_replication_role = DEFAULT")
     runs, build_s = build_old_runs(args.steps, args.per_run)

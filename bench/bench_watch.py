@@ -1,7 +1,7 @@
 """Two figures of issue 11, measured through the real engine on PostgreSQL. Run by hand:
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/<a database of its own> \\
-        .venv/bin/python bench/bench_watch.py [--steps 10000] [--repeat 5]
+        .venv/bin/python bench/bench_watch.py [--steps 10000] [--repeat 5] [--no-state-agent]
 
 1. A StateAgent step's cost at step 100 and at step 10,000: the `workload_state` agent
    (bench/state_agent.py: the workload's steps on the typed AgentState) runs N steps
@@ -9,7 +9,9 @@
    step); a step's time runs from the previous commit to its own. Reported: the median and
    the mean over steps 51-150 and over the last 100 steps, and their ratio.
 2. The history of one path (agentrun.watch.history, what the watch page, the API and
-   `manage.py watch` call) in 10,000-step runs of the plain-dict `workload` agent, grow and
+   `manage.py watch` call): its first page, as the API and the page ask for it (they read
+   the run only as far as the page), and the whole history (the command, a last page), in
+   10,000-step runs of the plain-dict `workload` agent, grow and
    flat variants, and of the StateAgent run: the median of --repeat timings per path, each
    on a new database connection. The workload runs' snapshots are written as the engine
    writes them (snapshots.build: a REF pre and a delta or keyframe post per step) without
@@ -28,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
@@ -102,23 +105,34 @@ def window(times: list[float], lo: int, hi: int) -> tuple[float, float]:
     return statistics.median(part) * 1000, statistics.fmean(part) * 1000
 
 
-def time_history(run: Run, path: str, repeat: int) -> tuple[float, int, int]:
+def time_history(run: Run, path: str, repeat: int, limit: int | None) -> dict[str, Any]:
+    """Median wall and CPU ms of `repeat` histories (`limit`: the first page's, as the API
+    and the watch page ask for it), each on a new connection."""
     parsed = watch.parse_path(path)
-    samples = []
+    walls, cpus = [], []
     found = None
     for _ in range(repeat):
         connection.close()  # a cold connection each time, as a page request on a new worker
-        t = time.perf_counter()
-        found = watch.history(run, parsed)
-        samples.append(time.perf_counter() - t)
+        t, c = time.perf_counter(), time.process_time()
+        found = watch.history(run, parsed, limit=limit)
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
     assert found is not None
-    return statistics.median(samples) * 1000, len(found.changes), found.snapshots_read
+    return {
+        "ms": statistics.median(walls) * 1000,
+        "cpu": statistics.median(cpus) * 1000,
+        "changes": f"{len(found.changes):,}{'+' if found.more else ''}",
+        "read": found.snapshots_read,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--no-state-agent", action="store_true", help="skip the StateAgent run (minutes)"
+    )
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         sys.exit("set DATABASE_URL to a PostgreSQL database of its own")
@@ -145,7 +159,7 @@ def main() -> None:
         "| state at the end |"
     )
     print("|---|---|---|---|---|")
-    for agent, variant in (("workload_state", "grow"),):
+    for agent, variant in () if args.no_state_agent else (("workload_state", "grow"),):
         t = time.perf_counter()
         run, times = run_steps(agent, variant, n)
         total = time.perf_counter() - t
@@ -159,8 +173,12 @@ def main() -> None:
         )
         runs[(agent, variant)] = run
 
-    print("\n| run | path | history (median) | changes | snapshots read |")
-    print("|---|---|---|---|---|")
+    page = max(50, watch.COUNTED)  # what GET /api/runs/{id}/history and the page ask for
+    print(
+        f"\n| run | path | first page ({page}): wall / CPU | changes | read "
+        "| whole history: wall / CPU | changes | read |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     paths = {
         ("workload", "grow"): [
             "memory.notes.note_03",
@@ -183,10 +201,18 @@ def main() -> None:
         ],
     }
     for key, run_paths in paths.items():
+        if key not in runs:
+            continue
         for path in run_paths:
-            ms, count, read = time_history(runs[key], path, args.repeat)
+            first = time_history(runs[key], path, args.repeat, page)
+            whole = time_history(runs[key], path, args.repeat, None)
             print(
-                f"| {key[0]} ({key[1]}) | `{path}` | {ms:.0f} ms | {count:,} | {read:,} |",
+                f"| {key[0]} ({key[1]}) | `{path}` "
+                + "".join(
+                    f"| {t['ms']:.0f} / {t['cpu']:.0f} ms | {t['changes']} | {t['read']:,} "
+                    for t in (first, whole)
+                )
+                + "|",
                 flush=True,
             )
 

@@ -930,8 +930,12 @@ def watch_value(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     except watch.PathSyntaxError as exc:
         context["error"] = str(exc)
         return render(request, "debugger/watch.html", context, status=400)
-    found = watch.history(run, path)
-    page = Paginator(range(len(found.changes)), WATCH_PER_PAGE).get_page(request.GET.get("page"))
+    number = request.GET.get("page", "")
+    number = int(number) if number.isdigit() and 0 < len(number) < 7 else 1
+    # Read only as far as this page (and one change more), and past the step asked about.
+    limit = max(number * WATCH_PER_PAGE, watch.COUNTED)
+    found = watch.history(run, path, limit=limit, past_step=step)
+    page = WatchPage(number, len(found.changes), found.more)
     details = watch.step_details(found.changes[i] for i in page.object_list)
     display = found.display
 
@@ -963,6 +967,24 @@ def watch_value(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         around=_watch_around(found, step, anchor) if step is not None else None,
     )
     return render(request, "debugger/watch.html", context)
+
+
+class WatchPage:
+    """One page of a history (the few attributes of Django's Page the template uses),
+    for a history that may stop at this page's end (`more`: changes after it)."""
+
+    def __init__(self, number: int, found: int, more: bool) -> None:
+        last = max(1, -(-found // WATCH_PER_PAGE))
+        self.number = number if more else min(number, last)
+        first = (self.number - 1) * WATCH_PER_PAGE
+        self.object_list = range(first, min(first + WATCH_PER_PAGE, found))
+        self.has_previous = self.number > 1
+        self.has_next = more or self.object_list.stop < found
+        self.has_other_pages = self.has_previous or self.has_next
+        self.previous_page_number = self.number - 1
+        self.next_page_number = self.number + 1
+        self.start_index = first + 1 if found else 0
+        self.end_index = self.object_list.stop
 
 
 def _preview(value: Any) -> dict[str, Any]:

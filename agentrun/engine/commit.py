@@ -161,13 +161,22 @@ def _write_post(
         run_changes.update(lease_owner=ctx.owner, lease_expires_at=lease_expiry())
     # One guarded write: the compare-and-set on the run, then everything else.
     write = rawsql.Guarded(*run_update(ctx, run_changes))
-    write.insert(Snapshot, rawsql.insert_fields(snap), returning=True)
+    snap_values, snap_text = snapshots.insert_values(snap)
+    write.insert(Snapshot, snap_values, returning=True)
     new_calls = [tc for tc in ctx.pending if tc.pk is None]
     for tc in ctx.pending:
         if tc.pk is None:
-            write.insert(ToolCall, rawsql.insert_fields(tc), returning=True)
+            values = rawsql.insert_fields(tc)
         else:
-            write.update(ToolCall, tc.pk, {f: getattr(tc, f) for f in CALL_FIELDS})
+            values = {f: getattr(tc, f) for f in CALL_FIELDS}
+        # A read's result is stored once: against the post delta that holds it. (Calls
+        # with side effects outlive their run's snapshots in the audit: stored whole.)
+        if tc.kind == "read":
+            values["result"] = snapshots.pack_result(tc.result, snap, snap_text)
+        if tc.pk is None:
+            write.insert(ToolCall, values, returning=True)
+        else:
+            write.update(ToolCall, tc.pk, values)
     write.update(
         Step,
         ctx.step.pk,
@@ -217,6 +226,7 @@ def _write_post(
     # Until its next write (a chained step's decision comes after a model call), the
     # step needs no connection: another step in this process can have it.
     release_connection()
+    snapshots.committed(snap, snap_text)
     mark_saved(snap, ids[0])
     for tc, pk in zip(new_calls, ids[1 : 1 + len(new_calls)], strict=True):
         mark_saved(tc, pk)

@@ -266,7 +266,12 @@ def _planned_call(ctx: Claimed, index: int, call: Call) -> ToolCall:
 
 def read_cache_query(ctx: Claimed, tc: ToolCall) -> tuple[str, list[Any]]:
     """The earliest successful result of the same read call in this run (not this one)."""
-    params = [rawsql.prep(ToolCall, "run_id", ctx.run.pk), tc.tool, tc.args_hash, tc.pk or 0]
+    params = [
+        rawsql.prep(ToolCall, "run_id", ctx.run.pk),
+        tc.tool,
+        rawsql.prep(ToolCall, "args_hash", tc.args_hash),
+        tc.pk or 0,
+    ]
     sql = (
         f"SELECT {rawsql.column(ToolCall, 'result')} FROM {rawsql.table(ToolCall)}"
         " WHERE run_id = %s AND tool = %s AND args_hash = %s AND status = 'ok' AND id <> %s"

@@ -145,3 +145,27 @@ def test_a_value_too_big_is_left_out_and_marked(viewer, people):
         None,
         True,
     )
+
+
+def test_a_long_history_is_read_only_as_far_as_the_page_and_says_there_is_more(
+    viewer, incident, monkeypatch
+):
+    from agentrun import watch
+
+    monkeypatch.setattr(watch, "COUNTED", 3)  # "long": more than 3 changes
+    first = history(viewer, incident, "iteration", limit=2).json()
+    assert (first["count"], first["more"], first["next_offset"]) == (None, True, 2)
+    assert [c["step"] for c in first["changes"]] == [1, 2]
+    assert first["exists_now"] and first["ever_existed"]
+    middle = history(viewer, incident, "iteration", limit=3, offset=4).json()
+    assert (middle["count"], middle["more"], middle["next_offset"]) == (None, True, 7)
+    assert [c["step"] for c in middle["changes"]] == [5, 6, 7]
+    last = history(viewer, incident, "iteration", limit=3, offset=8).json()
+    assert (last["count"], last["more"], last["next_offset"]) == (10, False, None)
+    assert [c["step"] for c in last["changes"]] == [9, 10]
+    assert first["snapshots_read"] < last["snapshots_read"]
+
+
+def test_a_short_history_is_counted_whole_on_every_page(viewer, incident):
+    page = history(viewer, incident, "iteration", limit=3, offset=0).json()
+    assert (page["count"], page["more"], page["next_offset"]) == (10, True, 3)

@@ -69,15 +69,21 @@ def wrong_type(recs):
     return archives.pack(recs)
 
 
+def not_hex(recs):
+    first(recs, "tool_call")["args_hash"] = "not a digest"
+    return archives.pack(recs)
+
+
 def too_long(recs):
     first(recs, "tool_call")["tool"] = "t" * 500
     return archives.pack(recs)
 
 
 def call_twice(recs):
-    """Passes every check pass one makes; the database's unique key refuses it in pass two."""
+    """Passes every check pass one makes; the database's unique key (a step's call
+    index) refuses it in pass two."""
     call = first(recs, "tool_call")
-    recs.insert(recs.index(call), copy.deepcopy(call) | {"index": 7})
+    recs.insert(recs.index(call), copy.deepcopy(call))
     recs[0]["runs"][0]["tool_calls"] += 1
     return archives.pack(recs)
 
@@ -111,6 +117,11 @@ BAD = {
     "a delta that doesn't apply": (lambda data, recs: bad_delta(recs), 400, "delta"),
     "a wrong type": (lambda data, recs: wrong_type(recs), 400, "wrong type"),
     "a name too long": (lambda data, recs: too_long(recs), 400, "longer than 100"),
+    "a hash that is no hex": (
+        lambda data, recs: not_hex(recs),
+        400,
+        "args_hash has the wrong type",
+    ),
     "a duplicate call": (lambda data, recs: call_twice(recs), 400, "can't be stored here"),
     "not gzip": (lambda data, recs: b'{"type": "manifest"}\n', 400, "not gzip"),
     "empty": (lambda data, recs: b"", 400, "empty"),

@@ -78,3 +78,20 @@ def test_an_unknown_run_is_a_command_error():
         watch("00000000-0000-4000-8000-000000000123", "memory")
     with pytest.raises(CommandError, match="not a valid run id"):
         watch("nope", "memory")
+
+
+def test_a_limit_prints_the_first_changes_and_says_there_are_more(incident):
+    lines = watch(str(incident.pk), "iteration", "--limit", "3").splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("step ")] == [
+        "step 1 post",
+        "step 2 post",
+        "step 3 post",
+    ]
+    assert lines[-2].startswith("... and more after these")
+    assert lines[-1] == "more than 3 change(s); now: 10"
+    body = json.loads(watch(str(incident.pk), "iteration", "--limit", "3", "--json"))
+    assert (body["count"], body["more"], len(body["changes"])) == (None, True, 3)
+    whole = json.loads(watch(str(incident.pk), "iteration", "--limit", "10", "--json"))
+    assert (whole["count"], whole["more"], len(whole["changes"])) == (10, False, 10)
+    with pytest.raises(CommandError, match="at least 1"):
+        watch(str(incident.pk), "iteration", "--limit", "0")

@@ -61,7 +61,7 @@ def test_a_guard_that_matches_writes_everything_and_returns_keys_then_selects(sy
 def test_a_failing_part_rolls_back_the_guard_and_every_other_part():
     run = make_run(script(final()))
     snap = Snapshot.objects.filter(run=run).first() or Snapshot.objects.create(
-        run=run, step=1, at="pre", seq=2, kind="ref", keyframe_seq=2, hash="h", size=0
+        run=run, step=1, at="pre", seq=2, kind="ref", keyframe_seq=2, hash="0" * 64, size=0
     )
     dup = {f.attname: getattr(snap, f.attname) for f in Snapshot._meta.concrete_fields}
     dup.pop("id")

@@ -63,7 +63,7 @@ def tool_call_with(run, result, n=1):
         tool="echo",
         kind="read",
         args={},
-        args_hash="x",
+        args_hash="0" * 64,
         idempotency_key=f"{run.pk}:{n}",
         status="ok",
         result=result,
@@ -136,11 +136,12 @@ def test_a_row_inserted_with_raw_sql_through_the_field_reads_back_through_the_mo
             'INSERT INTO agentrun_toolcall (run_id, step_id, "index", tool, kind, args,'
             " args_hash, idempotency_key, status, result, error, attempts,"
             " requires_approval, from_cache, created_at)"
-            " VALUES (%s, %s, 0, 'echo', 'read', %s, 'x', 'k', 'ok', %s, '', %s, %s, %s, %s)",
+            " VALUES (%s, %s, 0, 'echo', 'read', %s, %s, 'k', 'ok', %s, '', %s, %s, %s, %s)",
             [
                 ToolCall._meta.get_field("run").get_db_prep_value(run.pk, connection),
                 step.pk,
                 ToolCall._meta.get_field("args").get_db_prep_value({}, connection),
+                ToolCall._meta.get_field("args_hash").get_db_prep_value("0" * 64, connection),
                 field.get_db_prep_value(value, connection),
                 ToolCall._meta.get_field("attempts").get_db_prep_value([], connection),
                 False,

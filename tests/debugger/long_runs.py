@@ -104,7 +104,7 @@ def long_run(
                         tool=tool,
                         kind=kind,
                         args=args,
-                        args_hash=f"{k:08x}{i}",
+                        args_hash=f"{k:08x}{i:08x}",
                         idempotency_key=f"{run.pk}:{k}:{i}:{tool}",
                         status="failed" if k == failed else "ok",
                         result=None if k == failed else result,

@@ -147,3 +147,21 @@ def test_compare_refuses_a_bad_watched_path_with_a_400(client_for, fork):
     response = client_for("viewer").get(f"/runs/{fork.pk}/compare/", {"path": "a[b"})
     assert response.status_code == 400
     assert 'role="alert"' in response.content.decode()
+
+
+def test_a_long_history_pages_and_says_more_than_the_changes_shown(client_for, monkeypatch):
+    from agentrun import watch
+    from debugger import views
+
+    monkeypatch.setattr(watch, "COUNTED", 3)
+    monkeypatch.setattr(views, "WATCH_PER_PAGE", 3)
+    run = play_incident()
+    client = client_for("viewer")
+
+    first = client.get(f"/runs/{run.pk}/watch/", {"path": "iteration"}).content.decode()
+    assert "Changed more than 3 times" in first
+    assert "changes 1–3 of more than 3" in first and "page=2" in first
+    last = client.get(f"/runs/{run.pk}/watch/", {"path": "iteration", "page": "4"})
+    html = last.content.decode()
+    assert "Changed 10 times" in html and "changes 10–10 of 10" in html
+    assert "later →" not in html and "page=3" in html

@@ -1,12 +1,13 @@
 """The history of one value of a run's state, from the command line.
 
-    manage.py watch RUN_ID PATH [--json]
+    manage.py watch RUN_ID PATH [--json] [--limit N]
 
 PATH is a JSON pointer (/memory/notes/cart) or a dotted path (memory.notes.cart,
 history.3.content, history[3]). Prints every step that changed the value, with the
 value before and after and what the step decided; a fork's history goes on into its
 parent before the fork point (marked inherited). --json prints what the API's
-GET /api/runs/{id}/history answers, every change included. Errors are CommandErrors.
+GET /api/runs/{id}/history answers, every change included. --limit N: only the first N
+changes, the run read only as far as them (and one more). Errors are CommandErrors.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Command(BaseCommand):
         parser.add_argument("run_id")
         parser.add_argument("path", help="/memory/notes/cart or memory.notes.cart")
         parser.add_argument("--json", action="store_true", help="print the API's JSON")
+        parser.add_argument("--limit", type=int, help="only the first N changes")
 
     def handle(self, *args: Any, **options: Any) -> None:
         run = find_run(options["run_id"])
@@ -43,7 +45,9 @@ class Command(BaseCommand):
             path = watch.parse_path(options["path"])
         except watch.PathSyntaxError as exc:
             raise CommandError(f"bad path: {exc}") from None
-        found = watch.history(run, path)
+        if options["limit"] is not None and options["limit"] < 1:
+            raise CommandError("--limit must be at least 1")
+        found = watch.history(run, path, limit=options["limit"])
         if options["json"]:
             details = watch.step_details(found.changes)
             body = {
@@ -52,7 +56,8 @@ class Command(BaseCommand):
                 "pointer": watch.pointer(path),
                 "ever_existed": found.ever_existed,
                 "exists_now": found.exists_now,
-                "count": len(found.changes),
+                "count": None if found.more else len(found.changes),
+                "more": found.more,
                 "changes": [watch.change_json(c, details) for c in found.changes],
             }
             self.stdout.write(json.dumps(body, default=str, ensure_ascii=False, indent=2))
@@ -82,4 +87,7 @@ class Command(BaseCommand):
                     f"    decided: {decision['thought'][:PREVIEW]}"
                     + (f" (calls {tools})" if tools else "")
                 )
-        self.stdout.write(f"{len(found.changes)} change(s); now: {preview(found.current)}")
+        if found.more:
+            self.stdout.write("... and more after these (a higher --limit shows them)")
+        count = f"{'more than ' if found.more else ''}{len(found.changes)}"
+        self.stdout.write(f"{count} change(s); now: {preview(found.current)}")

@@ -1,0 +1,151 @@
+"""A read call's result is stored once: packed against its step's post delta, which holds it
+(the agent put it in its state). Every reader still gets the result itself."""
+
+import gzip
+import json
+import zlib
+
+import pytest
+from django.db import connection
+
+from agentrun import archive
+from agentrun.models import PACKED, Snapshot, SnapshotKind, ToolCall, json_text
+from agentrun.tools import ToolContext, tool
+from debugger.search import matching_steps
+from tests.base import calls, drive, final, make_run, script
+
+pytestmark = pytest.mark.django_db
+
+
+def prose(seed: int, words: int = 400) -> str:
+    return " ".join(f"w{(i * 7919 + seed * 31) % 211}x{(i + seed) % 17}" for i in range(words))
+
+
+@tool(kind="read", name="test_lookup")
+def lookup(ctx: ToolContext, page: int) -> dict:
+    """A read whose result is long prose, not its arguments."""
+    return {"page": page, "text": prose(page), "found": f"marker-{page}-found"}
+
+
+def run_of_lookups(pages: int = 4):
+    steps = [calls({"tool": "test_lookup", "args": {"page": p}}) for p in range(1, pages + 1)]
+    return drive(make_run(script(*steps, final())))
+
+
+def stored(call: ToolCall) -> bytes:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT result FROM agentrun_toolcall WHERE id = %s", [call.pk])
+        return bytes(cursor.fetchone()[0])
+
+
+def packed_calls(run):
+    """The run's read calls whose step's post snapshot is a delta (keyframes pack nothing)."""
+    deltas = set(
+        Snapshot.objects.filter(run=run, at="post", kind=SnapshotKind.DELTA).values_list(
+            "step", flat=True
+        )
+    )
+    return [
+        c
+        for c in ToolCall.objects.filter(run=run).select_related("step").order_by("step__number")
+        if c.step.number in deltas
+    ]
+
+
+def test_a_read_result_is_stored_as_what_its_delta_lacks_and_read_back_whole():
+    run = run_of_lookups()
+    assert run.status == "succeeded"
+    packed = packed_calls(run)
+    assert packed, "some step's post snapshot is a delta"
+    for call in packed:
+        page = call.args["page"]
+        expected = {"page": page, "text": prose(page), "found": f"marker-{page}-found"}
+        blob = stored(call)
+        assert blob[0] == PACKED
+        assert len(blob) * 4 < len(zlib.compress(json_text(expected).encode()))
+        assert call.result == expected
+        by_values = ToolCall.objects.filter(pk=call.pk).values_list("result", flat=True)[0]
+        assert by_values == expected
+
+
+def test_the_search_finds_text_that_is_only_in_a_packed_result():
+    run = run_of_lookups()
+    call = packed_calls(run)[-1]
+    assert stored(call)[0] == PACKED
+    page = call.args["page"]
+    assert matching_steps(run, q=f"MARKER-{page}-found") == {call.step.number}
+
+
+def test_the_export_holds_each_result_whole_and_imports_back_equal():
+    run = run_of_lookups()
+    before = {c.index + 100 * c.step.number: c.result for c in packed_calls(run)}
+    data = b"".join(archive.export_chunks(run))
+    records = [json.loads(line) for line in gzip.decompress(data).splitlines()]
+    results = {
+        r["index"] + 100 * r["step"]: r["result"] for r in records if r["type"] == "tool_call"
+    }
+    assert {k: results[k] for k in before} == before
+    # Imported here under the same id: the run must go first.
+    ToolCall.objects.filter(run=run).delete()
+    run.snapshots.all().delete()
+    run.steps.all().delete()
+    type(run).objects.filter(pk=run.pk).delete()
+    (imported,) = archive.import_archive(lambda: _stream(data))
+    again = {
+        c.index + 100 * c.step.number: c.result
+        for c in ToolCall.objects.filter(run=imported).select_related("step")
+    }
+    assert {k: again[k] for k in before} == before
+
+
+def _stream(data: bytes):
+    import io
+
+    return io.BytesIO(data)
+
+
+def test_a_call_with_side_effects_keeps_its_result_whole():
+    run = drive(
+        make_run(
+            script(
+                calls({"tool": "test_lookup", "args": {"page": 1}}),
+                calls({"tool": "ledger_write", "args": {"account": "a1", "amount": 1}}),
+                final(),
+            )
+        )
+    )
+    assert run.status == "succeeded"
+    write = ToolCall.objects.get(run=run, tool="ledger_write")
+    assert stored(write)[0] != PACKED
+    assert zlib.decompress(stored(write))
+
+
+def test_a_stale_remembered_dictionary_is_read_again_from_the_database():
+    """A run deleted and imported again under its id may hold other text at the same
+    snapshot: the stream's checksum tells, and the dictionary is read again."""
+    from agentrun import models
+
+    run = run_of_lookups()
+    call = packed_calls(run)[-1]
+    expected = ToolCall.objects.get(pk=call.pk).result
+    key = stored(call)[1:21]
+    models.remember_dictionary(run.pk, int.from_bytes(key[16:], "big"), b'["other text"]')
+    assert ToolCall.objects.get(pk=call.pk).result == expected
+
+
+def test_a_deltas_keyframe_is_its_dictionary_and_every_state_reads_back():
+    from agentrun import hashing, models, snapshots
+
+    run = run_of_lookups(pages=6)
+    models._TAILS.clear()  # as in another process: the keyframes are read from the database
+    deltas = Snapshot.objects.filter(run=run, kind=SnapshotKind.DELTA)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT data FROM agentrun_snapshot WHERE run_id = %s AND kind = 'delta'",
+            [run.pk.hex if connection.vendor == "sqlite" else run.pk],
+        )
+        marks = {bytes(row[0])[:1] for row in cursor.fetchall()}
+    assert b"\x02" in marks  # packed against a keyframe's text
+    for snap in deltas:
+        state = snapshots.load_state(snap)
+        assert snap.hash == hashing.build(state).hex
