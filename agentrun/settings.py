@@ -309,5 +309,10 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # The LLM client's line per request ("HTTP Request: POST ...") only at DEBUG: a
+        # worker makes a thousand a second, and each step records its request anyway.
+        "httpx2": {"level": "DEBUG" if env("LOG_LEVEL", "INFO") == "DEBUG" else "WARNING"},
+    },
 }

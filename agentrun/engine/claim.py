@@ -137,6 +137,11 @@ def _claim_pg_sql() -> tuple[str, tuple[str, ...]]:
         fixed.get(f.attname, "l." + rawsql.column(Snapshot, f.attname)) for f in ref_cols
     )
     returning = ", ".join(rawsql.column(Snapshot, n) for n in snap_names)
+    data = rawsql.column(Snapshot, "data")
+    existing = ", ".join(
+        f"CASE WHEN %s THEN e.{data} END" if n == "data" else "e." + rawsql.column(Snapshot, n)
+        for n in rawsql.attnames(Snapshot)
+    )
     snap_t, step_t = rawsql.table(Snapshot), rawsql.table(Step)
     statement = (
         f"WITH {rawsql.ASYNC_COMMIT}, r AS ({_claim_sql()} RETURNING {rawsql.select_list(Run)}), "
@@ -150,8 +155,14 @@ def _claim_pg_sql() -> tuple[str, tuple[str, ...]]:
         f"p AS (INSERT INTO {snap_t} ({insert_cols}) SELECT {insert_vals} FROM r,"
         f" LATERAL (SELECT * FROM {snap_t} WHERE run_id = r.id AND seq < %s::integer"
         " ORDER BY seq DESC LIMIT 1) l"
-        f" ON CONFLICT (run_id, seq) DO NOTHING RETURNING {returning}) "
-        "SELECT r.*, s.*, p.* FROM cfg CROSS JOIN r CROSS JOIN s LEFT JOIN p ON true"
+        f" ON CONFLICT (run_id, seq) DO NOTHING RETURNING {returning}), "
+        # The pre snapshot as it was, when it exists already (the run's first, written
+        # with the run; a retried step's): with its data for a first step, whose
+        # state this worker has not cached (a retried step's state it may have).
+        f"e AS (SELECT {existing} FROM {snap_t} e"
+        " WHERE e.run_id = (SELECT id FROM r) AND e.seq = %s::integer) "
+        "SELECT r.*, s.*, p.*, e.* FROM cfg CROSS JOIN r CROSS JOIN s LEFT JOIN p ON true"
+        " LEFT JOIN e ON true"
     )
     return statement, snap_names
 
@@ -162,8 +173,9 @@ def _claim_pg(
     """The claim in one statement: lease, step row (or one more attempt), pre snapshot.
 
     The pre snapshot is written as a REF to the latest snapshot before it when
-    there is one and the pre doesn't exist yet; otherwise (first step, a retried
-    step, a fork's first step) the caller finds or builds it.
+    there is one and the pre doesn't exist yet; one that exists is returned as it
+    is (a first step's with its data); otherwise (a fork's first step, a run
+    written without its first pre snapshot) the caller builds it.
     Commits asynchronously: a claim lost in a database crash costs nothing,
     and every later synchronous commit flushes it.
     """
@@ -178,6 +190,8 @@ def _claim_pg(
         seq,
         rawsql.prep(Snapshot, "created_at", now),
         seq,
+        number == 1,
+        seq,
     ]
     statement, snap_names = _claim_pg_sql()
     step_names, run_names = rawsql.attnames(Step), rawsql.attnames(Run)
@@ -186,11 +200,19 @@ def _claim_pg(
         log.debug("step %s of %s is not claimable now", number, run_id)
         return None
     a, b = len(run_names), len(run_names) + len(step_names)
+    c = b + len(snap_names)
     run = rawsql.from_row(Run, run_names, row[:a])
     step = rawsql.from_row(Step, step_names, row[a:b])
     pre = None
     if row[b] is not None:
-        pre = rawsql.from_row(Snapshot, snap_names, row[b:])
+        pre = rawsql.from_row(Snapshot, snap_names, row[b:c])
+    elif row[c] is not None:
+        names = rawsql.attnames(Snapshot)
+        if number == 1:
+            pre = rawsql.from_row(Snapshot, names, row[c:])
+        else:  # without its data: a keyframe's is read when this worker has no cached state
+            data = names.index("data")
+            pre = rawsql.from_row(Snapshot, snap_names, row[c:][:data] + row[c:][data + 1 :])
     return run, step, pre
 
 

@@ -107,7 +107,7 @@ def test_tool_call_round_trip(fake):
         assert t["function"]["description"] == registered.description
         assert t["function"]["parameters"] == registered.parameters
     assert first.headers["authorization"] == f"Bearer {API_KEY}"
-    assert first.headers["x-stainless-retry-count"] == "0"
+    assert first.headers["content-type"] == "application/json"
 
     # Step 2: the assistant's tool call and the tool's result, ids matching.
     messages = second.json["messages"]
