@@ -525,7 +525,9 @@ class HashField(models.Field):
         return value if prepared else self.get_prep_value(value)
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
-        return None if value is None else bytes(value).hex()
+        if value is None or isinstance(value, str):
+            return value  # hex text written by code from before migration 0016b (SQLite keeps it)
+        return bytes(value).hex()
 
     def to_python(self, value: Any) -> Any:
         return value

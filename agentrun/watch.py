@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -570,7 +570,18 @@ def _newest(run: Run, path: Path, upto_seq: int | None) -> Any:
     rows = Snapshot.objects.filter(run_id=run.pk).exclude(kind=SnapshotKind.REF)
     if upto_seq is not None:
         rows = rows.filter(seq__lte=upto_seq)
-    return rows.filter(_may_touch(path)).order_by("-seq").values_list("kind", "data")
+    return rows.filter(_may_touch(path)).order_by("-seq").values_list("seq", "kind", "data")
+
+
+def _newest_rows(newest: Any) -> Iterator[tuple[str, Any]]:
+    """(kind, data) of the newest few rows first, then of the older ones up to BACK_ROWS:
+    the second batch continues below the first's last seq, so a snapshot a live run
+    commits meanwhile can't shift a row into both."""
+    first = list(newest[:8])
+    yield from ((kind, data) for _, kind, data in first)
+    if len(first) == 8:
+        rest = newest.filter(seq__lt=first[-1][0])[: BACK_ROWS - 8]
+        yield from ((kind, data) for _, kind, data in rest)
 
 
 def _now_backwards(run: Run, path: Path, upto_seq: int | None, scan: _Scan) -> Any:
@@ -579,7 +590,7 @@ def _now_backwards(run: Run, path: Path, upto_seq: int | None, scan: _Scan) -> A
     inside: list[list] = []  # ops within the value, newest first
     newest = _newest(run, path, upto_seq)
     # The newest few first: most values are set whole by their latest change.
-    for kind, data in itertools.chain(newest[:8], newest[8:BACK_ROWS]):
+    for kind, data in _newest_rows(newest):
         scan.read += 1
         if kind == SnapshotKind.FULL:
             base = resolve(data, path)

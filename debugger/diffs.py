@@ -504,7 +504,12 @@ class SnapshotRef:
     def parse(cls, text: str, find: Callable[[str], UUID] = UUID) -> SnapshotRef:
         """`find` turns the run part into a run's id (a short id needs the database)."""
         parts = text.strip().split(":")
-        if len(parts) != 3 or parts[2] not in ("pre", "post") or not parts[1].isdigit():
+        step = parts[1] if len(parts) == 3 else ""
+        if (
+            parts[-1] not in ("pre", "post")
+            or not (step.isascii() and step.isdigit())
+            or len(step) > 9
+        ):
             raise SpecError(f"{text[:80]!r} is not <run-id>:<step>:<pre|post>")
         try:
             run_id = find(parts[0])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import threading
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -32,6 +33,7 @@ from agentrun.models import (
     StepStatus,
     ToolCall,
     ToolCallStatus,
+    inflate,
     inflate_many,
 )
 from debugger.timeline import WAIT_EVENTS
@@ -179,8 +181,12 @@ def stored_calls(run_id: Any, from_step_id: int = 0) -> list[tuple[int, str, str
     texts: list[str | None] = []
     for i in range(0, len(rows), 500):
         batch = rows[i : i + 500]
-        inflated = iter(inflate_many([blob for _, _, blob in batch if blob is not None]))
-        texts += [None if blob is None else next(inflated).decode() for _, _, blob in batch]
+        blobs = [blob for _, _, blob in batch if blob is not None]
+        try:
+            inflated = iter(inflate_many(blobs))
+        except (ValueError, zlib.error):  # a purge took a dictionary away meanwhile
+            inflated = iter([_inflate_or_none(blob) for blob in blobs])
+        texts += [None if blob is None else _decode(next(inflated)) for _, _, blob in batch]
     return [
         (
             step_id,
@@ -189,6 +195,17 @@ def stored_calls(run_id: Any, from_step_id: int = 0) -> list[tuple[int, str, str
         )
         for (step_id, args, _), text in zip(rows, texts, strict=True)
     ]
+
+
+def _inflate_or_none(blob: bytes) -> bytes | None:
+    try:
+        return inflate(blob)
+    except (ValueError, zlib.error):
+        return None  # searched as no result
+
+
+def _decode(text: bytes | None) -> str | None:
+    return None if text is None else text.decode()
 
 
 @dataclass

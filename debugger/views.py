@@ -190,7 +190,7 @@ def run_live(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     marks = timeline.marks(run)
     found = _search(request, run)
     around = request.GET.get("around", "")
-    selected = int(around) if around.isdigit() and len(around) < 10 else None
+    selected = int(around) if around.isascii() and around.isdigit() and len(around) < 10 else None
     context = _run_context(request, run, marks, found, selected)
     return _live_response(request, run, context)
 
@@ -299,7 +299,7 @@ def _list_page(
     listed = _listed(marks, found)
     key = next(k for k in ("after", "before", "around") if k in request.GET)
     value = request.GET[key]
-    if not value.isdigit() or len(value) > 9:
+    if not (value.isascii() and value.isdigit()) or len(value) > 9:
         return HttpResponse(f"{key} must be a step number", status=400)
     n = int(value)
     if key == "around":
@@ -460,7 +460,9 @@ def snapshot(request: HtmxHttpRequest, run_id: Any, number: int, at: str) -> Htt
             watch=lambda p: watch_url(run.pk, p, number),
         ),
         path=path,
-        start=int(start) if start and start.isdigit() else None,
+        start=int(start)
+        if start and start.isascii() and start.isdigit() and len(start) < 10
+        else None,
         size=snap.size if not path else None,
     )
     context = {
@@ -698,7 +700,9 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         return render(request, "debugger/compare.html", context, status=status)
     cmp = compare.align(other, run)
     step = request.GET.get("step", "")
-    selected = int(step) if step.isdigit() and len(step) < 10 else cmp.first_divergence
+    selected = (
+        int(step) if step.isascii() and step.isdigit() and len(step) < 10 else cmp.first_divergence
+    )
     query = request.GET.copy()
     query.pop("step", None)
     query["step"] = ""
@@ -921,7 +925,11 @@ def watch_value(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     run = get_run_for(request, run_id)
     text = request.GET.get("path", "")
     step_text = request.GET.get("step", "")
-    step = int(step_text) if step_text.isdigit() and len(step_text) < 10 else None
+    step = (
+        int(step_text)
+        if step_text.isascii() and step_text.isdigit() and len(step_text) < 10
+        else None
+    )
     context: dict[str, Any] = {"run": run, "path_text": text[:200], "step": step}
     if not text.strip():
         return render(request, "debugger/watch.html", context)
@@ -931,7 +939,7 @@ def watch_value(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         context["error"] = str(exc)
         return render(request, "debugger/watch.html", context, status=400)
     number = request.GET.get("page", "")
-    number = int(number) if number.isdigit() and 0 < len(number) < 7 else 1
+    number = int(number) if number.isascii() and number.isdigit() and 0 < len(number) < 7 else 1
     # Read only as far as this page (and one change more), and past the step asked about.
     limit = max(number * WATCH_PER_PAGE, watch.COUNTED)
     found = watch.history(run, path, limit=limit, past_step=step)

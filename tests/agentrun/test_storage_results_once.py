@@ -149,3 +149,23 @@ def test_a_deltas_keyframe_is_its_dictionary_and_every_state_reads_back():
     for snap in deltas:
         state = snapshots.load_state(snap)
         assert snap.hash == hashing.build(state).hex
+
+
+def test_search_finds_no_result_whose_dictionary_a_purge_took_meanwhile_and_does_not_fail():
+    from agentrun import models
+    from debugger.search import stored_calls
+
+    run = run_of_lookups()
+    packed = packed_calls(run)
+    assert packed
+    models.forget_dictionaries()
+    # What a purge leaves for a moment: the calls read, their post deltas already gone.
+    Snapshot.objects.filter(run=run, at="post", kind=SnapshotKind.DELTA).delete()
+    rows = {step_id: result for step_id, _, result in stored_calls(run.pk)}
+    assert all(rows[call.step_id] is None for call in packed)
+
+
+def test_a_hash_written_as_hex_text_by_older_code_reads_back_as_it_is():
+    field = ToolCall._meta.get_field("args_hash")
+    assert field.from_db_value("ab" * 32, None, connection) == "ab" * 32
+    assert field.from_db_value(bytes.fromhex("ab" * 32), None, connection) == "ab" * 32

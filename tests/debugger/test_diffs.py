@@ -121,7 +121,9 @@ def test_snapshot_references_parse_and_print():
     ref = SnapshotRef.parse("7f0c1b36-3d55-4a0e-9d6f-4f3f2bb0c1de:12:post")
     assert (ref.step, ref.at) == (12, "post")
     assert str(ref) == "7f0c1b36-3d55-4a0e-9d6f-4f3f2bb0c1de:12:post"
-    for bad in ("", "x:1:pre", "7f0c1b36-3d55-4a0e-9d6f-4f3f2bb0c1de:1:middle", "a:b:c:d"):
+    run = "7f0c1b36-3d55-4a0e-9d6f-4f3f2bb0c1de"
+    odd_numbers = (f"{run}:²:pre", f"{run}:٣:post", f"{run}:{'9' * 5000}:pre")
+    for bad in ("", "x:1:pre", f"{run}:1:middle", "a:b:c:d", *odd_numbers):
         with pytest.raises(SpecError):
             SnapshotRef.parse(bad)
 

@@ -165,3 +165,14 @@ def test_a_long_history_pages_and_says_more_than_the_changes_shown(client_for, m
     html = last.content.decode()
     assert "Changed 10 times" in html and "changes 10–10 of 10" in html
     assert "later →" not in html and "page=3" in html
+
+
+@pytest.mark.parametrize("param", ["page", "step"])
+@pytest.mark.parametrize("value", ["²", "٣", "9" * 5000])
+def test_a_number_that_is_not_ascii_digits_is_ignored_not_a_500(client_for, incident, param, value):
+    # str.isdigit() holds for "²" and "٣", which int() refuses or reads otherwise.
+    response = client_for("viewer").get(
+        f"/runs/{incident.pk}/watch/", {"path": "memory.notes.cart", param: value}
+    )
+    assert response.status_code == 200
+    assert "Changed once" in text(response)
