@@ -131,9 +131,14 @@ def shot(page: Any, name: str, full_page: bool = True) -> Path:
 
 
 def settle(page: Any) -> None:
-    """Wait until htmx has no request in flight."""
+    """Wait until htmx has no request in flight and no swap still settling.
+
+    htmx removes `htmx-request` before the swap settles (20 ms later); the page's own
+    afterSettle handlers (the selected row, the flagged entry) run only then."""
     page.wait_for_load_state("networkidle")
-    page.wait_for_function("() => !document.querySelector('.htmx-request')")
+    page.wait_for_function(
+        "() => !document.querySelector('.htmx-request, .htmx-swapping, .htmx-settling')"
+    )
 
 
 INERT_CHECK = """() => {

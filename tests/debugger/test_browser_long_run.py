@@ -58,7 +58,9 @@ def test_an_operator_zooms_scrolls_and_searches_a_long_run(live_server, browser)
         # The keyboard goes on from there.
         page.keyboard.press("ArrowRight")
         page.wait_for_selector("#step-body[data-step='2501']")
-        assert page.locator("#step-list .row.sel").get_attribute("data-n") == "2501"
+        # The list marks the new step once htmx settles the swap (a few ms after it).
+        page.wait_for_selector("#step-list .row.sel[data-n='2501']")
+        assert page.locator("#step-list .row.sel").count() == 1
 
         # Scrolling the list to its end loads the next rows; "earlier steps" the previous.
         before = rows(page)
