@@ -22,6 +22,7 @@ import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from copy import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,19 +212,73 @@ def _line(path: Iterable[Any]) -> str:
     return "$" + "".join("/" + _token(s) for s in path)
 
 
+# A splice of a list above INDEX_DEPTH is recorded with how many digits its start has
+# ("$/messages~e": a start of 1,000 to 9,999; "~a": 0), so a watch of messages[3] is not
+# handed the appends to a long list: they start after item 3. A token never holds a "~"
+# that a letter follows (a key's "~" is written "~0"). Rows written before the mark
+# recorded the list's line alone, which every watch below it still reads.
+_SPLICE_DIGITS = "abcdefghijk"
+
+
+_MARK = re.compile(r"~[a-k]$")
+
+
+def _digits(n: int) -> int:
+    return min(len(str(n)) if n > 0 else 0, len(_SPLICE_DIGITS) - 1)
+
+
+def _splice_mark(start: int) -> str:
+    return "~" + _SPLICE_DIGITS[_digits(start)]
+
+
+def _op_line(op: Any) -> str:
+    path = op[1]
+    if op[0] == "splice" and len(path) < INDEX_DEPTH and type(op[2]) is int and op[2] >= 0:
+        return _line(path) + _splice_mark(op[2])
+    return _line(path[:INDEX_DEPTH])
+
+
 def touched_paths(ops: Iterable[Any]) -> str:
     """Snapshot.paths for a change made of `ops`: one line per touched path (cut at
-    INDEX_DEPTH keys), framed by newlines so a path matches as a whole line."""
-    lines = {_line(op[1][:INDEX_DEPTH]) for op in ops}
+    INDEX_DEPTH keys; a splice's line marked with its start's digits), framed by
+    newlines so a path matches as a whole line."""
+    lines = {_op_line(op) for op in ops}
     return "\n" + "\n".join(sorted(lines)) + "\n"
+
+
+@dataclass(frozen=True)
+class _Front:
+    """The first list on a watched path that goes on to its item `index` (≥ 0), only keys
+    leading to it. Splices of it that start after that item are not read (the index
+    leaves them out), so the working state holds that list up to the item only."""
+
+    keys: list[str]
+    index: int
+
+
+def _front(path: Path) -> _Front | None:
+    for k, p in enumerate(path):
+        if type(p) is int:
+            return _Front(list(path[:k]), p) if p >= 0 and k < INDEX_DEPTH else None
+    return None
 
 
 def _may_touch(path: Path) -> Q:
     """Snapshots whose recorded paths may reach `path` (or that recorded none: "")."""
     norm = path[:INDEX_DEPTH]
+    front = _front(path)
     q = Q(paths="")
     for k in range(len(norm) + 1):
-        q |= Q(paths__contains="\n" + _line(norm[:k]) + "\n")
+        line = _line(norm[:k])
+        q |= Q(paths__contains="\n" + line + "\n")
+        if k >= INDEX_DEPTH:
+            continue
+        if front is not None and k == len(front.keys):
+            # Splices whose start has at most as many digits as the item's index.
+            for letter in _SPLICE_DIGITS[: _digits(front.index) + 1]:
+                q |= Q(paths__contains="\n" + line + "~" + letter + "\n")
+        else:
+            q |= Q(paths__contains="\n" + line + "~")
     if len(path) < INDEX_DEPTH:
         q |= Q(paths__contains="\n" + _line(norm) + "/")
     return q
@@ -397,6 +452,15 @@ class _Scan:
         self.read = 0
         self.start: Start | None = None
         self.stopped = False
+        self.front = _front(path)
+
+    def _apply(self, state: Any, ops: list, run_id: Any, step: int, at: str) -> Any:
+        """The working state after `ops`, the snapshot (step, at)'s own."""
+        try:
+            return _patch(state, ops, len(self.path), self.front)
+        except _Reload:
+            self.read += 1
+            return _reloaded(run_id, step, at, self.path, self.front)
 
     def run(self, run: Run, upto_seq: int | None, hops: int) -> tuple[Any, Start]:
         """Scan `run` up to upto_seq; return the working state there and the start."""
@@ -414,17 +478,17 @@ class _Scan:
             before = resolve(state, self.path)
             if kind == SnapshotKind.FORK:
                 ops = [op for op in data or () if _reaches(op[1], self.path)]
-                state = delta.patch(state, ops) if ops else state
+                state = self._apply(state, ops, run.pk, step, at) if ops else state
                 how = self._how(ops, edit=True)
             else:
                 kind_, words = self._how_from_index(first[5])
-                state, how = data, (kind_, f"edited before the step; {words}")
+                state, how = _trim(data, self.front), (kind_, f"edited before the step; {words}")
             self._record(run.pk, step, at, seq, before, state, how, inherited)
         elif kind == SnapshotKind.FORK:  # a fork whose parent is gone: nothing to start from
             state, start = {}, Start(run.pk, step, at, MISSING)
             self.start = start
         else:
-            state = data if kind == SnapshotKind.FULL else {}
+            state = _trim(data, self.front) if kind == SnapshotKind.FULL else {}
             start = Start(run.pk, step, at, resolve(state, self.path))
             self.start = start
         first_seq = seq
@@ -435,10 +499,10 @@ class _Scan:
                 if not ops:
                     continue
                 before = resolve(state, self.path)
-                state = _patch(state, ops, len(self.path))
+                state = self._apply(state, ops, run.pk, step, at)
                 how = self._how(ops, edit=at == "pre")
             elif kind == SnapshotKind.FULL:
-                before, state = resolve(state, self.path), data
+                before, state = resolve(state, self.path), _trim(data, self.front)
                 how = self._how_from_index(paths)
             else:
                 continue
@@ -504,6 +568,7 @@ class _Scan:
         for line in (paths or "").split("\n"):
             if not line.startswith("$"):
                 continue
+            line = _MARK.sub("", line)
             tokens = [t for t in line[1:].split("/")[1:]]
             if tokens[: len(norm)] != norm[: len(tokens)]:
                 continue
@@ -646,32 +711,57 @@ def _now_from_keyframe(run: Run, path: Path, upto_seq: int | None, scan: _Scan) 
             (upto_seq // 2, "post" if upto_seq % 2 else "pre") if upto_seq is not None else None,
         ).current
     scan.read += 1
-    state = keyframe[1]
+    front = _front(path)
+    state = _trim(keyframe[1], front)
     assert keyframe_seq is not None
-    for _, _, _, kind, data, _ in _touching(run.pk, path, keyframe_seq, upto_seq):
+    for _, step, at, kind, data, _ in _touching(run.pk, path, keyframe_seq, upto_seq):
         scan.read += 1
         if kind == SnapshotKind.DELTA:
             ops = [op for op in data if _reaches(op[1], path)]
-            state = _patch(state, ops, len(path)) if ops else state
+            try:
+                state = _patch(state, ops, len(path), front) if ops else state
+            except _Reload:
+                state = _reloaded(run.pk, step, at, path, front)
         elif kind == SnapshotKind.FULL:
-            state = data
+            state = _trim(data, front)
     return resolve(state, path)
 
 
-def _patch(state: Any, ops: list, depth: int) -> Any:
+class _Reload(Exception):
+    """A splice pulled an item the working state does not hold down to the watched one."""
+
+
+def _patch(state: Any, ops: list, depth: int, front: _Front | None = None) -> Any:
     """delta.patch, but containers above `depth` (the watched path's) are changed in place.
 
     The working state is this scan's own (decoded from the database for it), and the
     values it records are subtrees at the watched depth, which stay copy-on-write: a
     container never changes depth, so none above it is ever part of a recorded value.
     Appending to a 20,000-item list then costs the append, not a copy of the list.
+
+    With a `front` list, the state holds that list up to the watched item only (see
+    `_trim`): ops on later items are passed over, and a splice that removes more items
+    than it inserts before the watched one raises _Reload (the state must be read whole).
     """
     root = [state]
     owned: set[int] = set()
+    fkeys = front.keys if front is not None else None
     for op in ops:
         name, path = op[0], op[1]
         if name not in ("set", "del", "splice") or not isinstance(path, list):
             raise delta.DeltaError(f"malformed op: {op!r}")
+        clamp = False
+        if fkeys is not None and path[: len(fkeys)] == fkeys:
+            assert front is not None
+            k = len(fkeys)
+            if len(path) > k and type(path[k]) is int and path[k] > front.index:
+                continue  # a later item: not held
+            if name == "splice" and len(path) == k:
+                if type(op[2]) is not int or op[2] > front.index:
+                    continue  # starts after the watched item: changes none up to it
+                if op[3] > len(op[4]):
+                    raise _Reload
+                clamp = True
         walk = path if name == "splice" else path[:-1]
         if name != "splice" and not path:
             if name == "del":
@@ -701,6 +791,12 @@ def _patch(state: Any, ops: list, depth: int) -> Any:
             parent, key, node = node, step, node[step]
         if name == "splice":
             start, dropped, items = op[2], op[3], op[4]
+            if clamp and type(node) is list and 0 <= start <= len(node):
+                # The list is held up to the watched item: what it drops past its end
+                # was not held, what it inserts past the item is not kept.
+                assert front is not None
+                dropped = min(dropped, len(node) - start)
+                items = items[: front.index + 1 - start]
             if type(node) is not list or not 0 <= start <= start + dropped <= len(node):
                 raise delta.DeltaError(f"splice does not fit: {op!r}")
             node[start : start + dropped] = items
@@ -715,10 +811,52 @@ def _patch(state: Any, ops: list, depth: int) -> Any:
             node[path[-1]] = op[2]
         else:
             raise delta.DeltaError(f"op does not fit: {op!r}")
-    return root[0]
+    return _trim(root[0], front)
 
 
 _GONE = object()
+
+
+def _trim(state: Any, front: _Front | None) -> Any:
+    """The state with its front list cut after the watched item, in place (the list is
+    the scan's own: a recorded value lies below it, never holds it)."""
+    if front is None:
+        return state
+    node = state
+    for key in front.keys:
+        if type(node) is not dict or key not in node:
+            return state
+        node = node[key]
+    if type(node) is list and len(node) > front.index + 1:
+        del node[front.index + 1 :]
+    return state
+
+
+def _own_spine(state: Any, path: Path) -> Any:
+    """`state` with the containers on the way to `path` copied (the scan changes them in
+    place; a state read with agentrun.snapshots may share them)."""
+    root = copy(state)
+    node = root
+    for step in path[:-1]:
+        key: Any = step if type(step) is str or type(node) is list else str(step)
+        held = (type(node) is dict and key in node) or (
+            type(node) is list and type(key) is int and -len(node) <= key < len(node)
+        )
+        if not held:
+            break
+        child = node[key]
+        if type(child) not in (dict, list):
+            break
+        node[key] = child = copy(child)
+        node = child
+    return root
+
+
+def _reloaded(run_id: Any, step: int, at: str, path: Path, front: _Front | None) -> Any:
+    """The whole state at (step, at), as the scan's own working state."""
+    from agentrun import snapshots  # noqa: PLC0415 - snapshots imports this module
+
+    return _trim(_own_spine(snapshots.load(run_id, step, at), path), front)
 
 
 def _parent_of(run: Run) -> tuple[Run, int] | None:

@@ -359,3 +359,99 @@ def test_the_history_agrees_with_every_state_rebuilt_in_full():
             ]
 
         assert key(got) == key(expected), text
+
+
+def _random_list_states(seed: int, steps: int) -> list[dict]:
+    """A list that mostly grows at its end, with now and then an insert, a removal, a
+    cut of its head, several edits in one step, or the list replaced."""
+    import random
+
+    rng = random.Random(seed)
+    states = [{"log": [{"n": 0}], "other": 0}]
+    for step in range(1, steps):
+        s = json.loads(json.dumps(states[-1]))
+        log = s["log"]
+        r = rng.random()
+        if r < 0.55:
+            log.extend({"n": step, "i": j} for j in range(rng.randint(1, 3)))
+        elif r < 0.62 and log:
+            del log[rng.randrange(len(log)) : rng.randrange(len(log) + 1) + 1]
+        elif r < 0.7:
+            log.insert(rng.randrange(len(log) + 1), {"n": -step})
+        elif r < 0.75 and len(log) > 4:
+            s["log"] = log[rng.randint(1, 4) :]
+        elif r < 0.82 and log:
+            log[rng.randrange(len(log))]["n"] = step * 10
+            log.append({"n": step})
+        elif r < 0.85:
+            s["log"] = [{"n": step}] if rng.random() < 0.5 else []
+        else:
+            s["other"] = step
+        states.append(s)
+    return states
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["deltas", "with-keyframes"])
+def test_an_item_of_a_mostly_growing_list_agrees_with_every_state_rebuilt_in_full(padded):
+    """Splices that start after the watched item are not read; the ones before it that
+    shift items (inserts, removals, cuts) are, and give the same history as full states."""
+    from agentrun.delta import canonical
+
+    states = _random_list_states(11, 160)
+    if padded:
+        run = chain(*states)
+    else:  # keyframes now and then: the deltas soon outweigh the small state
+        run = Run.objects.create(agent="scripted", input={}, status="succeeded")
+        prev = prev_state = None
+        for i, state in enumerate(states):
+            step, at = (1, "pre") if i == 0 else (i, "post")
+            snap, _ = snapshots.build(run.pk, step, at, state, prev, prev_state)
+            snap.save()
+            prev, prev_state = snap, state
+        assert Snapshot.objects.filter(run=run, kind="full").count() > 3
+    full = [st for snap, st in snapshots.history(run.pk) if snap.at == "post" or snap.step == 1]
+
+    def key(rows):
+        return [
+            (
+                i,
+                canonical(b) if b is not MISSING else "-",
+                canonical(a) if a is not MISSING else "-",
+            )
+            for i, b, a in rows
+        ]
+
+    for text in ("log[0]", "log[0].n", "log[1]", "log[3].n", "log[12]", "log[40].n", "log[-1].n"):
+        path = parse_path(text)
+        values = [watch.resolve(st, path) for st in full]
+        expected = [
+            (i, values[i - 1], values[i])
+            for i in range(1, len(values))
+            if not watch.same(values[i - 1], values[i])
+        ]
+        got = watch.history(run, path)
+        assert key([(c.step, c.before, c.after) for c in got.changes]) == key(expected), text
+        assert watch.same(got.current, values[-1]), text
+        assert watch.same(watch.value_now(run, path), values[-1]), text
+        paged = watch.history(run, path, limit=3)
+        assert key([(c.step, c.before, c.after) for c in paged.changes]) == key(expected[:3]), text
+        assert watch.same(paged.current, values[-1]), text
+
+
+def test_a_watch_of_an_early_item_is_not_handed_the_appends_to_its_list():
+    states = [{"log": [{"n": 0}, {"n": 1}]}]
+    for step in range(1, 300):
+        log = [*states[-1]["log"], {"n": step + 1}]
+        if step == 150:
+            log[1] = {"n": "changed"}
+        states.append({"log": log})
+    run = chain(*states)
+    # Appends that start at 2 to 9 have as many digits as 1: those few are read.
+    for text, most in (("log[0].n", 2), ("log[1].n", 12)):
+        read = watch.history(run, parse_path(text))
+        assert read.snapshots_read <= most, (text, read.snapshots_read)
+    assert changes(run, "log[1].n") == [(150, "post", "set", 1, "changed")]
+    assert changes(run, "log[0].n") == []
+    # The last item changes at every step: every append is read.
+    assert watch.history(run, parse_path("log[-1].n")).snapshots_read >= 299
+    assert watch.value_now(run, parse_path("log[1].n")) == "changed"
