@@ -411,10 +411,19 @@ def dictionaries(wanted: set[bytes]) -> dict[bytes, bytes]:
     raw = models.ExpressionWrapper(models.F("data"), output_field=models.BinaryField())
     for run_bytes, seqs in by_run.items():
         run_id = uuid.UUID(bytes=run_bytes)
-        rows = Snapshot.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", raw)
+        rows = [
+            (seq, bytes(data))
+            for seq, data in Snapshot.objects.filter(run_id=run_id, seq__in=seqs).values_list(
+                "seq", raw
+            )
+            if data is not None
+        ]
+        # Deltas are packed against their keyframe: those in one query too, not one each.
+        inner = {data[1:_LOCATOR] for _, data in rows if data[:1] in _WINDOWS}
+        zdicts = dictionaries(inner) if inner else None
         for seq, data in rows:
             if data is not None:
-                text = inflate(data)
+                text = inflate(data, zdicts)
                 remember_dictionary(run_id, seq, text)
                 found[_key(run_id, seq)] = text[-FULL_WINDOW:]
     return found

@@ -26,7 +26,7 @@ from copy import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Case, F, Q, When
 
 from agentrun import delta
 from agentrun.models import Run, Snapshot, SnapshotKind
@@ -284,6 +284,14 @@ def _may_touch(path: Path) -> Q:
     return q
 
 
+def _may_shift(path: Path) -> Q | None:
+    """Snapshots with a splice of the path's front list (any start), if it has one."""
+    front = _front(path)
+    if front is None:
+        return None
+    return Q(paths__contains="\n" + _line(front.keys) + "~")
+
+
 def _reaches(op_path: Sequence[Any], path: Path) -> bool:
     """Whether an op at op_path can change the value at path, now or once lists shift.
 
@@ -452,19 +460,11 @@ class _Scan:
         self.read = 0
         self.start: Start | None = None
         self.stopped = False
-        self.front = _front(path)
-
-    def _apply(self, state: Any, ops: list, run_id: Any, step: int, at: str) -> Any:
-        """The working state after `ops`, the snapshot (step, at)'s own."""
-        try:
-            return _patch(state, ops, len(self.path), self.front)
-        except _Reload:
-            self.read += 1
-            return _reloaded(run_id, step, at, self.path, self.front)
 
     def run(self, run: Run, upto_seq: int | None, hops: int) -> tuple[Any, Start]:
         """Scan `run` up to upto_seq; return the working state there and the start."""
         inherited = hops > 0
+        work = _Working(self.path, self)
         first = Snapshot.objects.filter(run_id=run.pk).order_by("seq").values_list(*_FIELDS).first()
         if first is None:
             self.start = Start(run.pk, run.first_step, "pre", MISSING)
@@ -478,31 +478,34 @@ class _Scan:
             before = resolve(state, self.path)
             if kind == SnapshotKind.FORK:
                 ops = [op for op in data or () if _reaches(op[1], self.path)]
-                state = self._apply(state, ops, run.pk, step, at) if ops else state
+                state = work.apply(state, ops, run.pk, step, at) if ops else state
                 how = self._how(ops, edit=True)
             else:
                 kind_, words = self._how_from_index(first[5])
-                state, how = _trim(data, self.front), (kind_, f"edited before the step; {words}")
+                state, how = work.whole(data), (kind_, f"edited before the step; {words}")
             self._record(run.pk, step, at, seq, before, state, how, inherited)
         elif kind == SnapshotKind.FORK:  # a fork whose parent is gone: nothing to start from
             state, start = {}, Start(run.pk, step, at, MISSING)
             self.start = start
         else:
-            state = _trim(data, self.front) if kind == SnapshotKind.FULL else {}
+            state = work.whole(data if kind == SnapshotKind.FULL else {})
             start = Start(run.pk, step, at, resolve(state, self.path))
             self.start = start
         first_seq = seq
         for seq, step, at, kind, data, paths in _touching(run.pk, self.path, first_seq, upto_seq):
+            if data is None:  # a splice of the front list after the watched item
+                state = work.skipped(state)
+                continue
             self.read += 1
             if kind == SnapshotKind.DELTA:
                 ops = [op for op in data if _reaches(op[1], self.path)]
                 if not ops:
                     continue
                 before = resolve(state, self.path)
-                state = self._apply(state, ops, run.pk, step, at)
+                state = work.apply(state, ops, run.pk, step, at)
                 how = self._how(ops, edit=at == "pre")
             elif kind == SnapshotKind.FULL:
-                before, state = resolve(state, self.path), _trim(data, self.front)
+                before, state = resolve(state, self.path), work.whole(data)
                 how = self._how_from_index(paths)
             else:
                 continue
@@ -593,16 +596,22 @@ def _touching(
 ) -> Iterable[tuple[Any, ...]]:
     """The run's snapshots after after_seq (up to upto_seq) that may have changed the
     value at path, oldest first, read a batch at a time."""
-    rows = (
-        Snapshot.objects.filter(run_id=run_id)
-        .exclude(kind=SnapshotKind.REF)
-        .filter(_may_touch(path))
-        .order_by("seq")
-    )
+    touch = _may_touch(path)
+    rows = Snapshot.objects.filter(run_id=run_id).exclude(kind=SnapshotKind.REF).order_by("seq")
+    shift = _may_shift(path)
+    fields: tuple[Any, ...] = _FIELDS
+    if shift is not None:
+        # The splices of the front list that start after the watched item come without
+        # their data: the scan only needs to know that its copy of the list ends there.
+        touch |= shift
+        data = Case(When(_may_touch(path), then=F("data")), default=None)
+        rows = rows.annotate(touched_data=data)
+        fields = (*_FIELDS[:4], "touched_data", _FIELDS[5])
+    rows = rows.filter(touch)
     if upto_seq is not None:
         rows = rows.filter(seq__lte=upto_seq)
     for size in itertools.chain(_BATCHES, itertools.repeat(_BATCHES[-1])):
-        batch = list(rows.filter(seq__gt=after_seq).values_list(*_FIELDS)[:size])
+        batch = list(rows.filter(seq__gt=after_seq).values_list(*fields)[:size])
         yield from batch
         if len(batch) < size:
             return
@@ -711,19 +720,19 @@ def _now_from_keyframe(run: Run, path: Path, upto_seq: int | None, scan: _Scan) 
             (upto_seq // 2, "post" if upto_seq % 2 else "pre") if upto_seq is not None else None,
         ).current
     scan.read += 1
-    front = _front(path)
-    state = _trim(keyframe[1], front)
+    work = _Working(path, scan)
+    state = work.whole(keyframe[1])
     assert keyframe_seq is not None
     for _, step, at, kind, data, _ in _touching(run.pk, path, keyframe_seq, upto_seq):
+        if data is None:
+            state = work.skipped(state)
+            continue
         scan.read += 1
         if kind == SnapshotKind.DELTA:
             ops = [op for op in data if _reaches(op[1], path)]
-            try:
-                state = _patch(state, ops, len(path), front) if ops else state
-            except _Reload:
-                state = _reloaded(run.pk, step, at, path, front)
+            state = work.apply(state, ops, run.pk, step, at) if ops else state
         elif kind == SnapshotKind.FULL:
-            state = _trim(data, front)
+            state = work.whole(data)
     return resolve(state, path)
 
 
@@ -852,11 +861,36 @@ def _own_spine(state: Any, path: Path) -> Any:
     return root
 
 
-def _reloaded(run_id: Any, step: int, at: str, path: Path, front: _Front | None) -> Any:
-    """The whole state at (step, at), as the scan's own working state."""
-    from agentrun import snapshots  # noqa: PLC0415 - snapshots imports this module
+class _Working:
+    """How far a scan's working state can be trusted: right along the watched path, and
+    while splices of its front list that start after the watched item are passed over
+    (`skipped`), that list held up to the item only (`partial`)."""
 
-    return _trim(_own_spine(snapshots.load(run_id, step, at), path), front)
+    def __init__(self, path: Path, scan: _Scan) -> None:
+        self.path = path
+        self.front = _front(path)
+        self.scan = scan
+        self.partial = False
+
+    def whole(self, state: Any) -> Any:
+        """A state read in full (a keyframe): every list is whole again."""
+        self.partial = False
+        return state
+
+    def skipped(self, state: Any) -> Any:
+        self.partial = True
+        return _trim(state, self.front)
+
+    def apply(self, state: Any, ops: list, run_id: Any, step: int, at: str) -> Any:
+        """The working state after `ops`, the snapshot (step, at)'s."""
+        try:
+            return _patch(state, ops, len(self.path), self.front if self.partial else None)
+        except _Reload:
+            from agentrun import snapshots  # noqa: PLC0415 - snapshots imports this module
+
+            self.scan.read += 1
+            self.partial = False
+            return _own_spine(snapshots.load(run_id, step, at), self.path)
 
 
 def _parent_of(run: Run) -> tuple[Run, int] | None:

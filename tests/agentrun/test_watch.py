@@ -455,3 +455,16 @@ def test_a_watch_of_an_early_item_is_not_handed_the_appends_to_its_list():
     # The last item changes at every step: every append is read.
     assert watch.history(run, parse_path("log[-1].n")).snapshots_read >= 299
     assert watch.value_now(run, parse_path("log[1].n")) == "changed"
+
+
+def test_a_window_that_drops_its_head_every_step_is_followed_from_the_deltas_alone():
+    states = [{"log": [{"n": 0}, {"n": 1}, {"n": 2}]}]
+    for step in range(1, 120):
+        states.append({"log": [*states[-1]["log"][1:], {"n": step + 2}]})
+    run = chain(*states)
+    got = watch.history(run, parse_path("log[0].n"))
+    assert [(c.step, c.before, c.after) for c in got.changes] == [
+        (step, step - 1, step) for step in range(1, 120)
+    ]
+    # Every step's delta is read once: the list is whole, no state is read again.
+    assert got.snapshots_read <= 121, got.snapshots_read
