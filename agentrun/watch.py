@@ -26,7 +26,7 @@ from copy import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Case, F, Q, When
+from django.db.models import Q
 
 from agentrun import delta
 from agentrun.models import Run, Snapshot, SnapshotKind
@@ -282,14 +282,6 @@ def _may_touch(path: Path) -> Q:
     if len(path) < INDEX_DEPTH:
         q |= Q(paths__contains="\n" + _line(norm) + "/")
     return q
-
-
-def _may_shift(path: Path) -> Q | None:
-    """Snapshots with a splice of the path's front list (any start), if it has one."""
-    front = _front(path)
-    if front is None:
-        return None
-    return Q(paths__contains="\n" + _line(front.keys) + "~")
 
 
 def _reaches(op_path: Sequence[Any], path: Path) -> bool:
@@ -595,27 +587,73 @@ def _touching(
     run_id: Any, path: Path, after_seq: int, upto_seq: int | None
 ) -> Iterable[tuple[Any, ...]]:
     """The run's snapshots after after_seq (up to upto_seq) that may have changed the
-    value at path, oldest first, read a batch at a time."""
-    touch = _may_touch(path)
-    rows = Snapshot.objects.filter(run_id=run_id).exclude(kind=SnapshotKind.REF).order_by("seq")
-    shift = _may_shift(path)
-    fields: tuple[Any, ...] = _FIELDS
-    if shift is not None:
-        # The splices of the front list that start after the watched item come without
-        # their data: the scan only needs to know that its copy of the list ends there.
-        touch |= shift
-        data = Case(When(_may_touch(path), then=F("data")), default=None)
-        rows = rows.annotate(touched_data=data)
-        fields = (*_FIELDS[:4], "touched_data", _FIELDS[5])
-    rows = rows.filter(touch)
+    value at path, oldest first: (seq, step, at, kind, data, paths).
+
+    One query reads the index (the snapshots' paths, no data) and this process picks the
+    rows from it (a dozen LIKEs a row cost PostgreSQL more than the read); their data is
+    read a batch at a time, so a scan that stops early reads little. The splices of the
+    front list that start after the watched item come with data None: the scan only needs
+    to know that its copy of the list ends at the item."""
+    match = _matcher(path)
+    index = Snapshot.objects.filter(run_id=run_id, seq__gt=after_seq).exclude(kind=SnapshotKind.REF)
     if upto_seq is not None:
-        rows = rows.filter(seq__lte=upto_seq)
+        index = index.filter(seq__lte=upto_seq)
+    picked = [
+        (*row, hit)
+        for row in index.order_by("seq").values_list("seq", "step", "at", "kind", "paths")
+        if (hit := match(row[4])) is not None
+    ]
+    at = 0
     for size in itertools.chain(_BATCHES, itertools.repeat(_BATCHES[-1])):
-        batch = list(rows.filter(seq__gt=after_seq).values_list(*fields)[:size])
-        yield from batch
-        if len(batch) < size:
+        if at >= len(picked):
             return
-        after_seq = batch[-1][0]
+        batch = picked[at : at + size]
+        at += size
+        wanted = [row[0] for row in batch if row[5]]
+        data = dict(
+            Snapshot.objects.filter(run_id=run_id, seq__in=wanted).values_list("seq", "data")
+            if wanted
+            else ()
+        )
+        for seq, step, at_, kind, paths, hit in batch:
+            yield seq, step, at_, kind, data.get(seq) if hit else None, paths
+
+
+def _matcher(path: Path) -> Any:
+    """paths -> True (the change may reach `path`: read it), False (only a splice of the
+    front list: its data is not needed), None (neither). `_may_touch`, in Python."""
+    norm = path[:INDEX_DEPTH]
+    front = _front(path)
+    exact: set[str] = set()
+    starts: list[str] = []
+    for k in range(len(norm) + 1):
+        line = _line(norm[:k])
+        exact.add(line)
+        if k >= INDEX_DEPTH:
+            continue
+        if front is not None and k == len(front.keys):
+            exact.update(
+                line + "~" + letter for letter in _SPLICE_DIGITS[: _digits(front.index) + 1]
+            )
+        else:
+            starts.append(line + "~")
+    if len(path) < INDEX_DEPTH:
+        starts.append(_line(norm) + "/")
+    below = tuple(starts)
+    shift = _line(front.keys) + "~" if front is not None else None
+
+    def match(paths: str) -> bool | None:
+        if not paths:
+            return True
+        shifted = None
+        for line in paths.split("\n"):
+            if line in exact or line.startswith(below):
+                return True
+            if shift is not None and line.startswith(shift):
+                shifted = False
+        return shifted
+
+    return match
 
 
 # --- the value now, without the whole history -------------------------------------------
