@@ -2,6 +2,7 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/<a database of its own> \\
         .venv/bin/python bench/bench_watch.py [--steps 10000] [--repeat 5] [--no-state-agent]
+        [--state-agent-only] [--state-runs K]
 
 1. A StateAgent step's cost at step 100 and at step 10,000: the `workload_state` agent
    (bench/state_agent.py: the workload's steps on the typed AgentState) runs N steps
@@ -133,6 +134,12 @@ def main() -> None:
     parser.add_argument(
         "--no-state-agent", action="store_true", help="skip the StateAgent run (minutes)"
     )
+    parser.add_argument(
+        "--state-agent-only", action="store_true", help="only the StateAgent run(s), no histories"
+    )
+    parser.add_argument(
+        "--state-runs", type=int, default=1, help="StateAgent runs, a row each (the ratio is noisy)"
+    )
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         sys.exit("set DATABASE_URL to a PostgreSQL database of its own")
@@ -146,7 +153,7 @@ def main() -> None:
     )
 
     runs = {}
-    for variant in ("grow", "flat"):
+    for variant in () if args.state_agent_only else ("grow", "flat"):
         t = time.perf_counter()
         runs[("workload", variant)] = snapshot_chain(variant, n)
         print(
@@ -159,7 +166,8 @@ def main() -> None:
         "| state at the end |"
     )
     print("|---|---|---|---|---|")
-    for agent, variant in () if args.no_state_agent else (("workload_state", "grow"),):
+    state_runs = [("workload_state", "grow")] * args.state_runs
+    for agent, variant in () if args.no_state_agent else state_runs:
         t = time.perf_counter()
         run, times = run_steps(agent, variant, n)
         total = time.perf_counter() - t
@@ -172,6 +180,8 @@ def main() -> None:
             flush=True,
         )
         runs[(agent, variant)] = run
+    if args.state_agent_only:
+        return
 
     page = max(50, watch.COUNTED)  # what GET /api/runs/{id}/history and the page ask for
     print(
