@@ -452,11 +452,12 @@ class _Scan:
         self.read = 0
         self.start: Start | None = None
         self.stopped = False
+        self.work = _Working(path, self)
 
     def run(self, run: Run, upto_seq: int | None, hops: int) -> tuple[Any, Start]:
         """Scan `run` up to upto_seq; return the working state there and the start."""
         inherited = hops > 0
-        work = _Working(self.path, self)
+        work = self.work  # one for the whole chain: a parent's list may reach a fork trimmed
         first = Snapshot.objects.filter(run_id=run.pk).order_by("seq").values_list(*_FIELDS).first()
         if first is None:
             self.start = Start(run.pk, run.first_step, "pre", MISSING)

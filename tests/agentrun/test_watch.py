@@ -468,3 +468,28 @@ def test_a_window_that_drops_its_head_every_step_is_followed_from_the_deltas_alo
     ]
     # Every step's delta is read once: the list is whole, no state is read again.
     assert got.snapshots_read <= 121, got.snapshots_read
+
+
+def test_a_fork_goes_on_from_its_parents_list_held_up_to_the_watched_item():
+    """The parent appends (not read for log[0]); the fork drops the head every step."""
+    states = [{"log": [{"n": 0}]}]
+    for step in range(1, 30):
+        states.append({"log": [*states[-1]["log"], {"n": step}]})
+    parent = chain(*states)
+    source = Snapshot.objects.get(run=parent, step=29, at="post")
+    fork = Run.objects.create(
+        agent="scripted", input={}, status="succeeded", parent=parent, forked_from=source
+    )
+    state = snapshots.load(parent.pk, 29, "post")
+    prev, node = snapshots.fork(fork.pk, 30, source, state, state)
+    prev.save()
+    for step in range(30, 35):
+        new = {**state, "log": state["log"][1:]}
+        prev, node = snapshots.build(fork.pk, step, "post", new, prev, state, prev_node=node)
+        prev.save()
+        state = new
+    got = watch.history(fork, parse_path("log[0].n"))
+    assert [(c.step, c.before, c.after, c.inherited) for c in got.changes] == [
+        (step, step - 30, step - 29, False) for step in range(30, 35)
+    ]
+    assert got.current == 5
