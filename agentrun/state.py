@@ -469,7 +469,7 @@ class _Log(list):  # type: ignore[type-arg]
 
     def export(self) -> list:
         """A plain copy, for a state dict; noted as extending the list it came from."""
-        out = list(self)
+        out = list.copy(self)  # a plain list; list(self) would iterate a subclass item by item
         source = self.source
         if source is not None and self.kept >= self.source_len == len(source):
             prefixes.note(source, out)

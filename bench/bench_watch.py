@@ -2,7 +2,7 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/<a database of its own> \\
         .venv/bin/python bench/bench_watch.py [--steps 10000] [--repeat 5] [--no-state-agent]
-        [--state-agent-only] [--state-runs K]
+        [--state-agent-only] [--state-runs K] [--worker-gc]
 
 1. A StateAgent step's cost at step 100 and at step 10,000: the `workload_state` agent
    (bench/state_agent.py: the workload's steps on the typed AgentState) runs N steps
@@ -56,21 +56,23 @@ from agentrun.models import Run, Step  # noqa: E402
 LABEL = "bench_watch"  # in the run input: how this script finds (and deletes) its own runs
 
 
-def run_steps(agent: str, variant: str, n: int) -> tuple[Run, list[float]]:
-    """A run of n steps (+ the answer), driven in-process; the wall time of each step."""
+def run_steps(agent: str, variant: str, n: int) -> tuple[Run, list[float], list[float]]:
+    """A run of n steps (+ the answer), driven in-process; the wall and CPU time of each step."""
     run = services.start_run(agent, {"goal": LABEL, "variant": variant, "n": n, "label": LABEL})
     times: list[float] = []
-    last = [time.perf_counter()]
+    cpu: list[float] = []
+    last = [time.perf_counter(), time.process_time()]
 
     def observe(outcome: engine.Outcome) -> None:
-        now = time.perf_counter()
+        now, now_cpu = time.perf_counter(), time.process_time()
         times.append(now - last[0])
-        last[0] = now
+        cpu.append(now_cpu - last[1])
+        last[0], last[1] = now, now_cpu
 
     engine.execute_step(run.pk, run.next_step, chain=24 * 3600.0, observe=observe)
     run.refresh_from_db()
     assert run.status == "succeeded", (run.status, run.error)
-    return run, times
+    return run, times, cpu
 
 
 def snapshot_chain(variant: str, n: int) -> Run:
@@ -140,7 +142,17 @@ def main() -> None:
     parser.add_argument(
         "--state-runs", type=int, default=1, help="StateAgent runs, a row each (the ratio is noisy)"
     )
+    parser.add_argument(
+        "--worker-gc",
+        action="store_true",
+        help="the garbage collector as a worker process sets it (agentrun.celery): startup "
+        "objects frozen, a young collection every 10,000 new objects",
+    )
     args = parser.parse_args()
+    if args.worker_gc:
+        from agentrun.celery import _freeze_startup_objects
+
+        _freeze_startup_objects()
     if connection.vendor != "postgresql":
         sys.exit("set DATABASE_URL to a PostgreSQL database of its own")
     call_command("migrate", verbosity=0)
@@ -148,7 +160,8 @@ def main() -> None:
     Run.objects.filter(input__label=LABEL).delete()
     n = args.steps
     print(
-        f"PostgreSQL, {n:,} steps per run, GC {'on' if gc.isenabled() else 'off'}, "
+        f"PostgreSQL, {n:,} steps per run, GC {'on' if gc.isenabled() else 'off'} "
+        f"(thresholds {gc.get_threshold()}, {gc.get_freeze_count():,} objects frozen), "
         f"state cache {settings.AGENTRUN_STATE_CACHE_MB} MB\n"
     )
 
@@ -163,19 +176,21 @@ def main() -> None:
         )
     print(
         "\n| agent | steps 51-150: median / mean | last 100: median / mean | ratio (median) "
-        "| state at the end |"
+        "| CPU: steps 51-150 / last 100 (median) | CPU ratio | state at the end |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     state_runs = [("workload_state", "grow")] * args.state_runs
     for agent, variant in () if args.no_state_agent else state_runs:
         t = time.perf_counter()
-        run, times = run_steps(agent, variant, n)
+        run, times, cpu = run_steps(agent, variant, n)
         total = time.perf_counter() - t
         early, late = window(times, 51, 150), window(times, n - 99, n)
+        early_cpu, late_cpu = window(cpu, 51, 150), window(cpu, n - 99, n)
         size = Step.objects.filter(run=run, number=n).values_list("state_size", flat=True).first()
         print(
             f"| {agent} ({variant}) | {early[0]:.2f} / {early[1]:.2f} ms | {late[0]:.2f} / "
-            f"{late[1]:.2f} ms | {late[0] / early[0]:.2f}x | {size / 1e6:.1f} MB "
+            f"{late[1]:.2f} ms | {late[0] / early[0]:.2f}x | {early_cpu[0]:.2f} / "
+            f"{late_cpu[0]:.2f} ms | {late_cpu[0] / early_cpu[0]:.2f}x | {size / 1e6:.1f} MB "
             f"(run: {total:.0f} s) |",
             flush=True,
         )
