@@ -45,17 +45,30 @@ def corrected_fork(incident: Run) -> Run:
 PAD = "p" * 4000
 
 
-def chain(*states: dict) -> Run:
+def chain(*states: dict, pad: bool = True) -> Run:
     """A run whose snapshots are these states: pre of step 1, then the post of each step."""
     run = Run.objects.create(agent="scripted", input={}, status="succeeded")
     prev = prev_state = None
     for i, state in enumerate(states):
-        state = {**state, "pad": PAD}  # deltas small beside the state: no keyframes
+        if pad:
+            state = {**state, "pad": PAD}  # deltas small beside the state: no keyframes
         step, at = (1, "pre") if i == 0 else (i, "post")
         snap, _ = snapshots.build(run.pk, step, at, state, prev, prev_state)
         snap.save()
         prev, prev_state = snap, state
     return run
+
+
+def rebuilt_changes(run: Run, path: tuple) -> list[tuple]:
+    """(step, before, after) wherever the value at path differs from the state before, from
+    every state rebuilt in full: what a history must say."""
+    full = [st for snap, st in snapshots.history(run.pk) if snap.at == "post" or snap.step == 1]
+    values = [watch.resolve(st, path) for st in full]
+    return [
+        (i, values[i - 1], values[i])
+        for i in range(1, len(values))
+        if not watch.same(values[i - 1], values[i])
+    ]
 
 
 def changes(run: Run, path: str) -> list[tuple]:
@@ -337,15 +350,9 @@ def test_the_history_agrees_with_every_state_rebuilt_in_full():
             s["a"] = s["a"][-3:]
         states.append(s)
     run = chain(*states)
-    full = [st for snap, st in snapshots.history(run.pk) if snap.at == "post" or snap.step == 1]
     for text in ("a[0]", "a[1].v", "a[2].k", "a[-1].v", "b.c.d", "b.c", "a[5]"):
         path = parse_path(text)
-        values = [watch.resolve(st, path) for st in full]
-        expected = [
-            (i, values[i - 1], values[i])
-            for i in range(1, len(values))
-            if not watch.same(values[i - 1], values[i])
-        ]
+        expected = rebuilt_changes(run, path)
         got = [(c.step, c.before, c.after) for c in watch.history(run, path).changes]
 
         def key(rows):
@@ -397,19 +404,10 @@ def test_an_item_of_a_mostly_growing_list_agrees_with_every_state_rebuilt_in_ful
     shift items (inserts, removals, cuts) are, and give the same history as full states."""
     from agentrun.delta import canonical
 
-    states = _random_list_states(11, 160)
-    if padded:
-        run = chain(*states)
-    else:  # keyframes now and then: the deltas soon outweigh the small state
-        run = Run.objects.create(agent="scripted", input={}, status="succeeded")
-        prev = prev_state = None
-        for i, state in enumerate(states):
-            step, at = (1, "pre") if i == 0 else (i, "post")
-            snap, _ = snapshots.build(run.pk, step, at, state, prev, prev_state)
-            snap.save()
-            prev, prev_state = snap, state
+    # Unpadded, keyframes now and then: the deltas soon outweigh the small state.
+    run = chain(*_random_list_states(11, 160), pad=padded)
+    if not padded:
         assert Snapshot.objects.filter(run=run, kind="full").count() > 3
-    full = [st for snap, st in snapshots.history(run.pk) if snap.at == "post" or snap.step == 1]
 
     def key(rows):
         return [
@@ -423,19 +421,15 @@ def test_an_item_of_a_mostly_growing_list_agrees_with_every_state_rebuilt_in_ful
 
     for text in ("log[0]", "log[0].n", "log[1]", "log[3].n", "log[12]", "log[40].n", "log[-1].n"):
         path = parse_path(text)
-        values = [watch.resolve(st, path) for st in full]
-        expected = [
-            (i, values[i - 1], values[i])
-            for i in range(1, len(values))
-            if not watch.same(values[i - 1], values[i])
-        ]
+        expected = rebuilt_changes(run, path)
+        last = watch.resolve(snapshots.history(run.pk)[-1][1], path)
         got = watch.history(run, path)
         assert key([(c.step, c.before, c.after) for c in got.changes]) == key(expected), text
-        assert watch.same(got.current, values[-1]), text
-        assert watch.same(watch.value_now(run, path), values[-1]), text
+        assert watch.same(got.current, last), text
+        assert watch.same(watch.value_now(run, path), last), text
         paged = watch.history(run, path, limit=3)
         assert key([(c.step, c.before, c.after) for c in paged.changes]) == key(expected[:3]), text
-        assert watch.same(paged.current, values[-1]), text
+        assert watch.same(paged.current, last), text
 
 
 def test_a_watch_of_an_early_item_is_not_handed_the_appends_to_its_list():
