@@ -486,7 +486,7 @@ class _Scan:
             self.start = start
         first_seq = seq
         for seq, step, at, kind, data, paths in _touching(run.pk, self.path, first_seq, upto_seq):
-            if data is None:  # a splice of the front list after the watched item
+            if data is _SPLICED_AFTER:
                 state = work.skipped(state)
                 continue
             self.read += 1
@@ -584,6 +584,10 @@ class _Scan:
 _BATCHES = (64, 256, 1024, 4096)
 
 
+#: `_touching`'s data for a splice of the front list that starts after the watched item.
+_SPLICED_AFTER = object()
+
+
 def _touching(
     run_id: Any, path: Path, after_seq: int, upto_seq: int | None
 ) -> Iterable[tuple[Any, ...]]:
@@ -593,8 +597,8 @@ def _touching(
     One query reads the index (the snapshots' paths, no data) and this process picks the
     rows from it (a dozen LIKEs a row cost PostgreSQL more than the read); their data is
     read a batch at a time, so a scan that stops early reads little. The splices of the
-    front list that start after the watched item come with data None: the scan only needs
-    to know that its copy of the list ends at the item."""
+    front list that start after the watched item come with _SPLICED_AFTER for data: the scan
+    only needs to know that its copy of the list ends at the item."""
     match = _matcher(path)
     index = Snapshot.objects.filter(run_id=run_id, seq__gt=after_seq).exclude(kind=SnapshotKind.REF)
     if upto_seq is not None:
@@ -617,7 +621,10 @@ def _touching(
             else ()
         )
         for seq, step, at_, kind, paths, hit in batch:
-            yield seq, step, at_, kind, data.get(seq) if hit else None, paths
+            if not hit:
+                yield seq, step, at_, kind, _SPLICED_AFTER, paths
+            elif seq in data:  # (a row deleted since the index was read is passed over)
+                yield seq, step, at_, kind, data[seq], paths
 
 
 def _matcher(path: Path) -> Any:
@@ -763,7 +770,7 @@ def _now_from_keyframe(run: Run, path: Path, upto_seq: int | None, scan: _Scan) 
     state = work.whole(keyframe[1])
     assert keyframe_seq is not None
     for _, step, at, kind, data, _ in _touching(run.pk, path, keyframe_seq, upto_seq):
-        if data is None:
+        if data is _SPLICED_AFTER:
             state = work.skipped(state)
             continue
         scan.read += 1
@@ -882,7 +889,9 @@ def _trim(state: Any, front: _Front | None) -> Any:
 
 def _own_spine(state: Any, path: Path) -> Any:
     """`state` with the containers on the way to `path` copied (the scan changes them in
-    place; a state read with agentrun.snapshots may share them)."""
+    place). The scan also changes in place the containers above the watched depth on the
+    way to a sibling item's op: that is safe because snapshots.load decodes a new state at
+    every call (no cache of decoded states; one would need the scan to copy those too)."""
     root = copy(state)
     node = root
     for step in path[:-1]:
