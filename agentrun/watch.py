@@ -231,18 +231,21 @@ def _splice_mark(start: int) -> str:
     return "~" + _SPLICE_DIGITS[_digits(start)]
 
 
-def _op_line(op: Any) -> str:
-    path = op[1]
-    if op[0] == "splice" and len(path) < INDEX_DEPTH and type(op[2]) is int and op[2] >= 0:
-        return _line(path) + _splice_mark(op[2])
-    return _line(path[:INDEX_DEPTH])
-
-
 def touched_paths(ops: Iterable[Any]) -> str:
     """Snapshot.paths for a change made of `ops`: one line per touched path (cut at
-    INDEX_DEPTH keys; a splice's line marked with its start's digits), framed by
-    newlines so a path matches as a whole line."""
-    lines = {_op_line(op) for op in ops}
+    INDEX_DEPTH keys; a list's splices on one line, marked with the digits of the
+    lowest start: a watch needs only whether one starts at or before its item), framed
+    by newlines so a path matches as a whole line."""
+    lines: set[str] = set()
+    starts: dict[str, int] = {}
+    for op in ops:
+        path = op[1]
+        if op[0] == "splice" and len(path) < INDEX_DEPTH and type(op[2]) is int and op[2] >= 0:
+            line = _line(path)
+            starts[line] = min(op[2], starts.get(line, op[2]))
+        else:
+            lines.add(_line(path[:INDEX_DEPTH]))
+    lines.update(line + _splice_mark(start) for line, start in starts.items())
     return "\n" + "\n".join(sorted(lines)) + "\n"
 
 
