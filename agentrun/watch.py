@@ -266,24 +266,38 @@ def _front(path: Path) -> _Front | None:
     return None
 
 
-def _may_touch(path: Path) -> Q:
-    """Snapshots whose recorded paths may reach `path` (or that recorded none: "")."""
+def _index_lines(path: Path) -> tuple[set[str], tuple[str, ...]]:
+    """The lines of Snapshot.paths that may reach `path`: those equal to one of the first
+    set, and those that start with one of the second."""
     norm = path[:INDEX_DEPTH]
     front = _front(path)
-    q = Q(paths="")
+    exact: set[str] = set()
+    starts: list[str] = []
     for k in range(len(norm) + 1):
         line = _line(norm[:k])
-        q |= Q(paths__contains="\n" + line + "\n")
+        exact.add(line)
         if k >= INDEX_DEPTH:
             continue
         if front is not None and k == len(front.keys):
             # Splices whose start has at most as many digits as the item's index.
-            for letter in _SPLICE_DIGITS[: _digits(front.index) + 1]:
-                q |= Q(paths__contains="\n" + line + "~" + letter + "\n")
+            exact.update(
+                line + "~" + letter for letter in _SPLICE_DIGITS[: _digits(front.index) + 1]
+            )
         else:
-            q |= Q(paths__contains="\n" + line + "~")
+            starts.append(line + "~")
     if len(path) < INDEX_DEPTH:
-        q |= Q(paths__contains="\n" + _line(norm) + "/")
+        starts.append(_line(norm) + "/")
+    return exact, tuple(starts)
+
+
+def _may_touch(path: Path) -> Q:
+    """Snapshots whose recorded paths may reach `path` (or that recorded none: "")."""
+    exact, starts = _index_lines(path)
+    q = Q(paths="")
+    for line in sorted(exact):
+        q |= Q(paths__contains="\n" + line + "\n")
+    for start in starts:
+        q |= Q(paths__contains="\n" + start)
     return q
 
 
@@ -633,24 +647,8 @@ def _touching(
 def _matcher(path: Path) -> Any:
     """paths -> True (the change may reach `path`: read it), False (only a splice of the
     front list: its data is not needed), None (neither). `_may_touch`, in Python."""
-    norm = path[:INDEX_DEPTH]
+    exact, below = _index_lines(path)
     front = _front(path)
-    exact: set[str] = set()
-    starts: list[str] = []
-    for k in range(len(norm) + 1):
-        line = _line(norm[:k])
-        exact.add(line)
-        if k >= INDEX_DEPTH:
-            continue
-        if front is not None and k == len(front.keys):
-            exact.update(
-                line + "~" + letter for letter in _SPLICE_DIGITS[: _digits(front.index) + 1]
-            )
-        else:
-            starts.append(line + "~")
-    if len(path) < INDEX_DEPTH:
-        starts.append(_line(norm) + "/")
-    below = tuple(starts)
     shift = _line(front.keys) + "~" if front is not None else None
 
     def match(paths: str) -> bool | None:
