@@ -346,25 +346,29 @@ def _is_index(x: Any) -> bool:
 
 
 _ARITY = {"set": 3, "del": 2, "splice": 5}
+_SEQUENCE = (list, tuple)
+
+# The checks below test the exact types first: patches run for every delta of a history.
 
 
 def _apply(root: list, owned: dict[int, Any], op: Any) -> None:
-    if not isinstance(op, list | tuple) or not op:
+    if not (type(op) is list or isinstance(op, _SEQUENCE)) or not op:
         raise DeltaError(f"not an op: {op!r}")
     name = op[0]
     arity = _ARITY.get(name) if isinstance(name, str) else None
     if arity is None or len(op) != arity:
         raise DeltaError(f"malformed op: {op!r}")
     path = op[1]
-    if not isinstance(path, list | tuple):
+    if not (type(path) is list or isinstance(path, _SEQUENCE)):
         raise DeltaError(f"bad path in op: {op!r}")
-    for step in path:  # a loop, not all(...): patches run for every delta of a history
-        if not (type(step) is str or type(step) is int or isinstance(step, str) or _is_index(step)):
+    for step in path:  # a loop, not all(...)
+        t = type(step)
+        if not (t is str or t is int or isinstance(step, str) or _is_index(step)):
             raise DeltaError(f"bad path in op: {op!r}")
 
     if name == "splice":
         target = _walk(root, owned, path, op)
-        if not isinstance(target, list):
+        if type(target) is not list:
             raise DeltaError(f"splice on a non-list: {op!r}")
         start, dropped, items = op[2], op[3], op[4]
         if not (
@@ -372,7 +376,7 @@ def _apply(root: list, owned: dict[int, Any], op: Any) -> None:
             and _is_index(dropped)
             and 0 <= start <= len(target)
             and 0 <= dropped <= len(target) - start
-            and isinstance(items, list | tuple)
+            and (type(items) is list or isinstance(items, _SEQUENCE))
         ):
             raise DeltaError(f"splice does not fit a list of {len(target)}: {op!r}")
         target[start : start + dropped] = items
@@ -385,7 +389,7 @@ def _apply(root: list, owned: dict[int, Any], op: Any) -> None:
         return
     parent = _walk(root, owned, path[:-1], op)
     key = path[-1]
-    if isinstance(parent, dict):
+    if type(parent) is dict:
         if not isinstance(key, str):
             raise DeltaError(f"dict key must be a str: {op!r}")
         if name == "set":
@@ -401,15 +405,19 @@ def _apply(root: list, owned: dict[int, Any], op: Any) -> None:
 
 
 def _walk(root: list, owned: dict[int, Any], path: Any, op: Any) -> Any:
-    """The container at path, copied (and re-linked) unless this patch owns it."""
-    node = _own_child(root, 0, owned, op)
+    """The container at path, copied (and re-linked) unless this patch owns it.
+    Each container on the way is one this patch owns: a dict or a list."""
+    node = root[0]
+    if id(node) not in owned:
+        node = _own_child(root, 0, owned, op)
     for step in path:
-        if isinstance(node, dict):
+        if type(node) is dict:
             if not isinstance(step, str) or step not in node:
                 raise DeltaError(f"no key {step!r} on the path of {op!r}")
         elif not (_is_index(step) and 0 <= step < len(node)):
             raise DeltaError(f"index {step!r} out of range on the path of {op!r}")
-        node = _own_child(node, step, owned, op)
+        child = node[step]
+        node = child if id(child) in owned else _own_child(node, step, owned, op)
     return node
 
 

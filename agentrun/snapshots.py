@@ -5,14 +5,16 @@ for post). A snapshot is stored as
 - REF: the same state as the previous snapshot (a pre that equals the post
   before it), no data;
 - DELTA: ops (agentrun.delta) turning the previous state into this one;
-- FULL: the whole state, a keyframe, written whenever the delta bytes since
-  the last keyframe would outweigh the state itself;
+- FULL: the whole state, a keyframe, written when the delta bytes since the
+  last keyframe outweigh the state itself (a state mostly rewritten step after
+  step waits longer: KEYFRAME_RATIO, KEYFRAME_ROWS);
 - FORK: a fork's first snapshot: the state of its source snapshot in the
   parent run (`Run.forked_from`), plus ops when the state was edited. Its
   chain_bytes include the source's (and a share of the state per hop), so the
   keyframe rule bounds a read that crosses into the parent runs too.
 Reading any snapshot costs one keyframe plus at most a state's worth of
-deltas; total storage stays within a small multiple of what changed. `data`
+deltas (KEYFRAME_RATIO states' worth in at most KEYFRAME_ROWS rows for one
+mostly rewritten); total storage stays within a small multiple of what changed. `data`
 is stored zlib-compressed (models.CompressedJSONField).
 """
 
@@ -26,12 +28,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import BinaryField, ExpressionWrapper, F
 from django.db.models.base import ModelState
 
 from agentrun import delta, hashing, rawsql
 from agentrun.models import (
-    SHORT_WINDOW,
     CompressedJSONField,
+    Inflater,
     Prepared,
     Snapshot,
     SnapshotKind,
@@ -86,10 +89,25 @@ def encode(
     ops_bytes = _json_bytes(ops)
     chain = prev.chain_bytes + ops_bytes
     paths = touched_paths(ops)
-    if chain > node.size:
+    if chain > node.size and (
+        node.size - prev.size >= ops_bytes // 2  # a state that grows: keyframe now
+        or chain > node.size * KEYFRAME_RATIO
+        or seq - prev.keyframe_seq >= KEYFRAME_ROWS
+    ):
         return Encoded(SnapshotKind.FULL, state, node, node.size, 0, seq, paths)
     return Encoded(SnapshotKind.DELTA, ops, node, ops_bytes, chain, prev.keyframe_seq, paths)
 
+
+# A keyframe costs a state's bytes; the deltas since the last one cost each read that
+# replays them. A keyframe is due once those deltas outweigh the state. A state that
+# grows (a conversation) gets it then: the keyframes' bytes are a fraction of the
+# deltas' anyway, and the next one is due only when the deltas outweigh the bigger
+# state. A state that is mostly rewritten (a window over the last messages, slots
+# overwritten) would get one every few steps, as many bytes again as its deltas: it
+# waits until the deltas outweigh it KEYFRAME_RATIO times or a read would replay
+# KEYFRAME_ROWS rows (reads skip the pre rows that refer to the post before them).
+KEYFRAME_RATIO = 4
+KEYFRAME_ROWS = 96
 
 # Snapshot.paths of a run's first state: all of it is new.
 WHOLE = "\n$\n"
@@ -173,7 +191,7 @@ def insert_values(snapshot: Snapshot) -> tuple[dict[str, Any], bytes | None]:
         # (a worker with a thousand runs in flight); a delta not packed is stored plain.
         keyframe = remembered_dictionary(snapshot.run_id, snapshot.keyframe_seq)
         if keyframe is not None:
-            data = pack_text(text, snapshot.run_id, snapshot.keyframe_seq, keyframe, SHORT_WINDOW)
+            data = pack_text(text, snapshot.run_id, snapshot.keyframe_seq, keyframe)
     values["data"] = data or Prepared(zlib.compress(text, CompressedJSONField.level))
     return values, text
 
@@ -279,12 +297,38 @@ def _replay(run_id: Any, rows: Iterable[tuple[int, str, Any]]) -> Iterator[tuple
         yield seq, state
 
 
-def _rows(run_id: Any, first_seq: int, last_seq: int) -> Any:
-    return (
+# The data column as its stored bytes: _Decoder turns them into values in seq order.
+_RAW = ExpressionWrapper(F("data"), output_field=BinaryField())
+
+
+class _Decoder:
+    """Decodes one run's stored data in seq order: a delta packed against its keyframe
+    takes the keyframe's text from the row read just before it, not from a query of its
+    own that would read and decompress the keyframe a second time (models.inflate)."""
+
+    def __init__(self, run_id: Any) -> None:
+        self.run_id = run_id
+        self.inflate = Inflater()
+
+    def __call__(self, seq: int, kind: str, blob: Any) -> Any:
+        if blob is None:
+            return None
+        text = self.inflate(blob)
+        if kind == SnapshotKind.FULL:
+            self.inflate.keyframe(self.run_id, seq, text)
+        return json.loads(text)
+
+
+def _rows(run_id: Any, first_seq: int, last_seq: int) -> Iterator[tuple[int, str, Any]]:
+    # A REF row changes nothing: the rows with data are enough to replay.
+    rows = (
         Snapshot.objects.filter(run_id=run_id, seq__gte=first_seq, seq__lte=last_seq)
+        .exclude(kind=SnapshotKind.REF)
         .order_by("seq")
-        .values_list("seq", "kind", "data")
+        .values_list("seq", "kind", _RAW)
     )
+    decode = _Decoder(run_id)
+    return ((seq, kind, decode(seq, kind, blob)) for seq, kind, blob in rows)
 
 
 def load_state(snapshot: Snapshot) -> dict[str, Any]:
@@ -320,7 +364,10 @@ def history(run_id: Any) -> list[tuple[Snapshot, dict[str, Any]]]:
     The Snapshot instances have everything but `created_at` loaded.
     """
     with _gc_paused():
-        rows = list(Snapshot.objects.filter(run_id=run_id).order_by("seq").values_list(*_FIELDS))
+        raw = [f if f != "data" else _RAW for f in _FIELDS]
+        rows = list(Snapshot.objects.filter(run_id=run_id).order_by("seq").values_list(*raw))
+        decode = _Decoder(run_id)
+        rows = [(*r[:_DATA], decode(r[_SEQ], r[_KIND], r[_DATA]), *r[_DATA + 1 :]) for r in rows]
         states = _replay(run_id, ((r[_SEQ], r[_KIND], r[_DATA]) for r in rows))
         return [(_instance(row), state) for row, (_, state) in zip(rows, states, strict=True)]
 

@@ -68,6 +68,64 @@ def test_appends_are_stored_as_small_deltas_with_keyframes_once_they_outweigh_th
     assert delta.canonical(snapshots.load_state(rows[-1])) == delta.canonical(chain[-1])
 
 
+def test_a_state_mostly_rewritten_every_step_waits_longer_for_its_keyframes():
+    """A window over the last entries: each step's delta replaces as much as it adds, so
+    the deltas outweigh the state after a few steps. The keyframe then waits for
+    KEYFRAME_ROWS rows or KEYFRAME_RATIO states' worth, whichever comes first."""
+    run = Run.objects.create(agent="scripted")
+    state: dict = {"window": [], "n": 0}
+    chain = []
+    for i in range(160):
+        state = {"window": [*state["window"], f"entry {i} " + "y" * 60][-6:], "n": i}
+        chain.append(state)
+    write_chain(run, chain)
+    rows = list(Snapshot.objects.filter(run=run).order_by("seq"))
+    keyframes = [r.seq for r in rows if r.kind == SnapshotKind.FULL]
+    assert keyframes[0] == rows[0].seq and len(keyframes) >= 2
+    assert any(r.chain_bytes > r.size for r in rows)  # waited past one state's worth
+    for r in rows:
+        assert r.seq - r.keyframe_seq <= snapshots.KEYFRAME_ROWS
+        assert r.chain_bytes <= r.size * snapshots.KEYFRAME_RATIO
+    # One state's worth would have meant a keyframe every five rows or so.
+    assert len(keyframes) <= len(rows) // 10
+    for r in rows[::7] + rows[-1:]:
+        assert delta.canonical(snapshots.load_state(r)) == delta.canonical(chain[rows.index(r)])
+
+
+def test_deltas_packed_with_the_short_window_by_older_code_still_read_back():
+    from django.db import connection
+
+    from agentrun import models
+
+    run = Run.objects.create(agent="scripted")
+    base = " ".join(f"word{j * 7919 % 1000}" for j in range(300))
+    # Each step copies another stretch of the keyframe's text: a delta it packs well against.
+    chain = [{"base": base, "echo": base[i * 40 : i * 40 + 300], "n": i} for i in range(12)]
+    write_chain(run, chain)
+    keyframe = Snapshot.objects.filter(run=run, kind=SnapshotKind.FULL).order_by("seq").first()
+    text = models.json_text(keyframe.data).encode()
+    rewritten = 0
+    for snap in Snapshot.objects.filter(
+        run=run, kind=SnapshotKind.DELTA, keyframe_seq=keyframe.seq
+    ):
+        ops = models.json_text(snap.data).encode()
+        packed = models.pack_text(ops, run.pk, keyframe.seq, text, models.SHORT_WINDOW)
+        if bytes(packed)[:1] == b"\x02":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE agentrun_snapshot SET data = %s WHERE id = %s", [bytes(packed), snap.pk]
+                )
+            rewritten += 1
+    assert rewritten >= 3
+    models.forget_dictionaries()
+    rows = list(Snapshot.objects.filter(run=run).order_by("seq"))
+    for row, state in zip(rows, chain, strict=True):
+        assert delta.canonical(snapshots.load_state(row)) == delta.canonical(state)
+    assert [delta.canonical(s) for _, s in snapshots.history(run.pk)] == [
+        delta.canonical(s) for s in chain
+    ]
+
+
 def test_a_state_with_a_lone_surrogate_is_stored_and_read_back_exactly():
     run = Run.objects.create(agent="scripted")
     base = "a long unchanged text " * 100  # so that changes are stored as deltas
