@@ -387,3 +387,14 @@ def run_statement(sql: str, params: list[Any], conn: Any = None) -> Any:
     with _cursor(conn) as cursor:
         cursor.execute(sql, params)
         return cursor.cursor.fetchone()
+
+
+def fetch_all(sql: str, params: list[Any], conn: Any = None) -> list[tuple[Any, ...]]:
+    """Every row of one read statement, as the driver returns them (no ORM conversion):
+    for a read of many rows whose columns the caller decodes itself."""
+    conn = conn or db()
+    if conn.vendor == "postgresql":
+        sql = _numbered(sql)
+    with _cursor(conn) as cursor:
+        cursor.execute(sql, params)
+        return cursor.cursor.fetchall()

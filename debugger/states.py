@@ -64,15 +64,7 @@ def _passes(wanted: list[Snapshot]) -> list[list[Snapshot]]:
 
 def _replay(run_id: Any, group: list[Snapshot]) -> dict[int, Any]:
     targets = {s.seq: s.pk for s in group}
-    # One round trip: an iterator would page through a server-side cursor, which
-    # PostgreSQL materialises anyway outside a transaction.
-    rows = list(
-        Snapshot.objects.filter(
-            run_id=run_id, seq__gte=group[0].keyframe_seq, seq__lte=group[-1].seq
-        )
-        .order_by("seq")
-        .values_list("seq", "kind", "data")
-    )
+    rows = snapshots.chain(run_id, group[0].keyframe_seq, group[-1].seq, refs=True)
     if not rows or rows[0][1] in _RELATIVE:  # not a chain from a keyframe: the store's reader
         return {s.pk: snapshots.load_state(s) for s in group}
     out: dict[int, Any] = {}
