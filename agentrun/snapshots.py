@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -310,11 +312,12 @@ class _Decoder:
     def __init__(self, run_id: Any) -> None:
         self.run_id = run_id
         self.inflate = Inflater()
+        self.text = b""  # the JSON text of the last value decoded
 
     def __call__(self, seq: int, kind: str, blob: Any) -> Any:
         if blob is None:
             return None
-        text = self.inflate(blob)
+        text = self.text = self.inflate(blob)
         if kind == SnapshotKind.FULL:
             self.inflate.keyframe(self.run_id, seq, text)
         return json.loads(text)
@@ -326,12 +329,24 @@ def chain(
     """(seq, kind, data) of a run's rows from first_seq to last_seq, in one round trip,
     data decoded; `refs`: with the REF rows, which change nothing (a replay that wants
     only the last state needs just the rows with data). Raw SQL: the ORM's own work per
-    row costs more than decoding a delta."""
-    rows = rawsql.fetch_all(
-        _chain_sql(refs), [rawsql.prep(Snapshot, "run_id", run_id), first_seq, last_seq]
-    )
+    row costs more than decoding a delta. A keyframe at first_seq whose text this
+    process read before (_KEYFRAMES) is not sent again: the row's hash says it is the
+    same text (a run deleted and imported again under its id may hold another)."""
+    known = _keyframe_text(run_id, first_seq)
+    params = [first_seq, known[0] if known else b"", rawsql.prep(Snapshot, "run_id", run_id)]
+    rows = rawsql.fetch_all(_chain_sql(refs), [*params, first_seq, last_seq])
     decode = _Decoder(run_id)
-    return [(seq, kind, decode(seq, kind, blob)) for seq, kind, blob in rows]
+    out = []
+    for seq, kind, blob, digest in rows:
+        if blob is None and known is not None and seq == first_seq and kind == SnapshotKind.FULL:
+            decode.inflate.keyframe(run_id, seq, known[1])
+            out.append((seq, kind, json.loads(known[1])))
+            continue
+        value = decode(seq, kind, blob)
+        if kind == SnapshotKind.FULL and blob is not None:
+            _keep_keyframe_text(run_id, seq, bytes(digest), decode.text)
+        out.append((seq, kind, value))
+    return out
 
 
 @cache
@@ -339,16 +354,59 @@ def _chain_sql(refs: bool) -> str:
     # Quoted names of our own table and columns, a constant kind: nothing from a caller.
     seq, kind = rawsql.column(Snapshot, "seq"), rawsql.column(Snapshot, "kind")
     data, run = rawsql.column(Snapshot, "data"), rawsql.column(Snapshot, "run_id")
+    digest = rawsql.column(Snapshot, "hash")
     where = f"{run} = %s AND {seq} >= %s AND {seq} <= %s"
     if not refs:
         where += f" AND {kind} <> '{SnapshotKind.REF.value}'"
     table = rawsql.table(Snapshot)
-    return f"SELECT {seq}, {kind}, {data} FROM {table} WHERE {where} ORDER BY {seq}"  # noqa: S608
+    return (
+        f"SELECT {seq}, {kind}, CASE WHEN {seq} = %s AND {digest} = %s THEN NULL ELSE {data} END,"  # noqa: S608
+        f" CASE WHEN {kind} = '{SnapshotKind.FULL.value}' THEN {digest} END"
+        f" FROM {table} WHERE {where} ORDER BY {seq}"
+    )
+
+
+# The JSON text of keyframes this process has read, with their hashes: a read of a
+# snapshot after one of them replays from it without reading it again. Bounded by bytes.
+_KEYFRAMES: OrderedDict[tuple[str, int], tuple[bytes, bytes]] = OrderedDict()
+_KEYFRAMES_MAX_BYTES = 32 * 1024 * 1024
+_KEYFRAMES_LOCK = threading.Lock()
+_keyframes_bytes = 0
+
+
+def _keyframe_text(run_id: Any, seq: int) -> tuple[bytes, bytes] | None:
+    key = (str(run_id), seq)
+    with _KEYFRAMES_LOCK:
+        found = _KEYFRAMES.get(key)
+        if found is not None:
+            _KEYFRAMES.move_to_end(key)
+        return found
+
+
+def _keep_keyframe_text(run_id: Any, seq: int, digest: bytes, text: bytes) -> None:
+    global _keyframes_bytes
+    if len(text) > _KEYFRAMES_MAX_BYTES // 4:
+        return
+    key = (str(run_id), seq)
+    with _KEYFRAMES_LOCK:
+        old = _KEYFRAMES.pop(key, None)
+        _keyframes_bytes += len(text) - (len(old[1]) if old else 0)
+        _KEYFRAMES[key] = (digest, text)
+        while _keyframes_bytes > _KEYFRAMES_MAX_BYTES:
+            _keyframes_bytes -= len(_KEYFRAMES.popitem(last=False)[1][1])
+
+
+def forget_keyframe_texts() -> None:
+    """Empty this process's keyframe texts (as in another process: tests, benchmarks)."""
+    global _keyframes_bytes
+    with _KEYFRAMES_LOCK:
+        _KEYFRAMES.clear()
+        _keyframes_bytes = 0
 
 
 def load_state(snapshot: Snapshot) -> dict[str, Any]:
     """The exact state stored at `snapshot`: its keyframe plus the deltas after it."""
-    if snapshot.kind == SnapshotKind.FULL:
+    if snapshot.kind == SnapshotKind.FULL and "data" not in snapshot.get_deferred_fields():
         return snapshot.data
     rows = chain(snapshot.run_id, snapshot.keyframe_seq, snapshot.seq)
     last: tuple[int, Any] = (snapshot.seq, None)
@@ -359,7 +417,9 @@ def load_state(snapshot: Snapshot) -> dict[str, Any]:
 
 
 def get(run_id: Any, step: int, at: str) -> Snapshot:
-    return Snapshot.objects.get(run_id=run_id, seq=Snapshot.seq_for(step, at))
+    """The snapshot row, its data deferred: a delta's data is read by load_state with the
+    rest of its chain (decoding it here would read its keyframe a second time)."""
+    return Snapshot.objects.defer("data").get(run_id=run_id, seq=Snapshot.seq_for(step, at))
 
 
 def load(run_id: Any, step: int, at: str) -> dict[str, Any]:

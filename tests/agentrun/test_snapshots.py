@@ -126,6 +126,21 @@ def test_deltas_packed_with_the_short_window_by_older_code_still_read_back():
     ]
 
 
+def test_a_keyframe_read_before_is_not_taken_for_another_at_the_same_place():
+    """A process keeps the keyframes it has read; a run deleted and written again under
+    its id (an import) has another keyframe at the same seq, and that one is read."""
+    run = Run.objects.create(agent="scripted")
+    write_chain(run, [{"v": "first " * 50, "n": i} for i in range(4)])
+    last = Snapshot.objects.filter(run=run).order_by("-seq").first()
+    assert snapshots.load_state(last) == {"v": "first " * 50, "n": 3}
+    assert snapshots.load_state(last) == {"v": "first " * 50, "n": 3}  # from the kept text
+    Snapshot.objects.filter(run=run).delete()
+    write_chain(run, [{"v": "second " * 50, "n": i} for i in range(4)])
+    last = Snapshot.objects.filter(run=run).order_by("-seq").first()
+    assert last.keyframe_seq == 2
+    assert snapshots.load_state(last) == {"v": "second " * 50, "n": 3}
+
+
 def test_a_state_with_a_lone_surrogate_is_stored_and_read_back_exactly():
     run = Run.objects.create(agent="scripted")
     base = "a long unchanged text " * 100  # so that changes are stored as deltas
