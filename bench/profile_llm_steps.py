@@ -59,8 +59,9 @@ def main() -> int:
 
         from django.db import connection
 
-        watching = connection.execute_wrapper(count) if args.sql else contextlib.nullcontext()
         for _ in range(args.repeat):
+            # a context manager made by a generator is entered once: a new one per batch
+            watching = connection.execute_wrapper(count) if args.sql else contextlib.nullcontext()
             env.truncate()
             c0 = time.process_time()
             ids = [str(services.start_run("llm", llm_input()).pk) for _ in range(args.runs)]

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -44,6 +45,8 @@ class Recorded:
     headers: dict[str, str]  # names lower-cased
     body: bytes
     at: float = 0.0  # time.monotonic() at arrival
+    peer: tuple[str, int] | None = None  # the client's address: one per connection
+    target: str = ""  # the request line's target as sent (absolute through a proxy)
 
     @property
     def json(self) -> Any:
@@ -55,7 +58,8 @@ class Reply:
     """A scripted HTTP reply. `body` is JSON-encoded unless it is str/bytes.
 
     `delay` sleeps before answering (for client timeouts); `drop` closes the
-    connection without any answer.
+    connection without any answer; `hang_up` closes it after the answer without
+    saying so (no `Connection: close`), as a server's idle timeout does.
     """
 
     status: int = 200
@@ -63,6 +67,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     drop: bool = False
+    hang_up: bool = False
 
 
 Scripted = dict[str, Any] | Reply | Callable[[Recorded], "dict[str, Any] | Reply"]
@@ -125,7 +130,14 @@ class _Server(ThreadingHTTPServer):
 class FakeOpenAI:
     """The server; use as a context manager or call start()/stop()."""
 
-    def __init__(self, respond: Callable[[Recorded], dict[str, Any] | Reply] | None = None) -> None:
+    def __init__(
+        self,
+        respond: Callable[[Recorded], dict[str, Any] | Reply] | None = None,
+        keep_alive: bool = False,
+    ) -> None:
+        # keep_alive: answer in HTTP/1.1 and keep connections open (else HTTP/1.0, one
+        # request per connection, as BaseHTTPRequestHandler does by default)
+        self.keep_alive = keep_alive
         self.requests: list[Recorded] = []
         self._queue: deque[Scripted] = deque()
         self._respond = respond
@@ -159,6 +171,8 @@ class FakeOpenAI:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if self.keep_alive else "HTTP/1.0"
+
             def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
                 pass
 
@@ -215,13 +229,15 @@ class FakeOpenAI:
     def _answer(
         self, handler: BaseHTTPRequestHandler, body: bytes, answered: Callable[[], None]
     ) -> None:
-        path = handler.path.split("?", 1)[0]
+        path = urlsplit(handler.path).path  # a proxy's request line holds the whole URL
         recorded = Recorded(
             method=handler.command,
             path=path,
             headers={k.lower(): v for k, v in handler.headers.items()},
             body=body,
             at=time.monotonic(),
+            peer=handler.client_address[:2],
+            target=handler.path,
         )
         with self._lock:
             self.requests.append(recorded)
@@ -265,5 +281,7 @@ class FakeOpenAI:
                 handler.send_header(name, value)
             handler.end_headers()
             handler.wfile.write(data)
+            if reply.hang_up:
+                handler.close_connection = True
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout tests)
             pass

@@ -29,12 +29,16 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import http.client
 import json
 import logging
 import math
 import os
+import select
+import socket
 import threading
 import time
+import urllib.request
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -147,24 +151,64 @@ def _http(timeout: float) -> Any:
 def _post(key: str, base_url: str, timeout: float, body: dict[str, Any]) -> str:
     """POST a chat completion request; the response's text, or the SDK's error for it.
 
-    The SDK's client would cost ~0.4 ms of CPU more per request (building and
-    re-validating the request, its own headers): a worker at a thousand requests a
-    second spends it on nothing. Its error classes are kept, and what they carry.
+    Sent over this thread's keep-alive connection with the standard library's HTTP
+    client: the SDK's client would cost ~0.4 ms of CPU more per request (building and
+    re-validating the request, its own headers), and httpx ~0.35 ms more than
+    http.client (bench/profile_llm_steps.py); a worker at a thousand requests a
+    second spends it on nothing. The SDK's error classes are kept, and what they
+    carry. With a proxy in the environment, or a redirect, httpx sends it instead.
     """
+    url = base_url.rstrip("/") + "/chat/completions"
+    content = json.dumps(body).encode()
+    headers = {
+        "Authorization": f"Bearer {key}",
+        "Content-Type": "application/json",
+        "Accept": "application/json",
+        "User-Agent": "agentrun",
+    }
+    if _proxies():
+        return _post_httpx(url, timeout, content, headers)
+    import openai
+
+    parts = urlsplit(url)
+    conn = _connection(parts, timeout)
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    try:
+        conn.request("POST", target, body=content, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+    except TimeoutError as exc:
+        _LOCAL.conn = None
+        conn.close()
+        raise openai.APITimeoutError(request=_request(url)) from exc
+    except (OSError, http.client.HTTPException) as exc:  # refused, dropped, not HTTP...
+        _LOCAL.conn = None
+        conn.close()
+        raise openai.APIConnectionError(request=_request(url)) from exc
+    if response.will_close:
+        _LOCAL.conn = None
+        conn.close()
+    status = response.status
+    if 300 <= status < 400 and response.getheader("location"):
+        return _post_httpx(url, timeout, content, headers)  # httpx follows it, as the SDK would
+    if status >= 400:
+        import httpx2
+
+        _raise_for_status(
+            httpx2.Response(
+                status, headers=response.getheaders(), content=data, request=_request(url)
+            )
+        )
+    return data.decode("utf-8", errors="replace")
+
+
+def _post_httpx(url: str, timeout: float, content: bytes, headers: dict[str, str]) -> str:
+    """The same request through httpx (the SDK's client): proxies, redirects."""
     import httpx2
     import openai
 
     http = _http(timeout)
-    request = http.build_request(
-        "POST",
-        base_url.rstrip("/") + "/chat/completions",
-        content=json.dumps(body).encode(),
-        headers={
-            "Authorization": f"Bearer {key}",
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-        },
-    )
+    request = http.build_request("POST", url, content=content, headers=headers)
     try:
         response = http.send(request)
     except httpx2.TimeoutException as exc:
@@ -172,16 +216,65 @@ def _post(key: str, base_url: str, timeout: float, body: dict[str, Any]) -> str:
     except Exception as exc:  # refused, dropped, not HTTP... (as the SDK maps them)
         raise openai.APIConnectionError(request=request) from exc
     if response.is_error:
-        text = response.text.strip()
-        try:
-            error_body: Any = json.loads(text)
-        except ValueError:
-            error_body = text
-        message = f"Error code: {response.status_code} - {error_body}"
-        if isinstance(error_body, dict):  # the SDK's errors carry the inner object
-            error_body = error_body.get("error", error_body)
-        raise _status_error_class(response.status_code)(message, response=response, body=error_body)
+        _raise_for_status(response)
     return response.text
+
+
+def _raise_for_status(response: Any) -> None:
+    """Raise the SDK's error for an HTTP error response (an httpx Response)."""
+    text = response.text.strip()
+    try:
+        error_body: Any = json.loads(text)
+    except ValueError:
+        error_body = text
+    message = f"Error code: {response.status_code} - {error_body}"
+    if isinstance(error_body, dict):  # the SDK's errors carry the inner object
+        error_body = error_body.get("error", error_body)
+    raise _status_error_class(response.status_code)(message, response=response, body=error_body)
+
+
+def _request(url: str) -> Any:
+    """An httpx Request for the SDK's errors, which carry one (without our headers)."""
+    import httpx2
+
+    return httpx2.Request("POST", url)
+
+
+def _proxies() -> bool:
+    """A proxy is configured in the environment (HTTP(S)_PROXY, ALL_PROXY...), which
+    httpx honours and http.client would not."""
+    return any(k in ("http", "https", "all") for k in urllib.request.getproxies())
+
+
+def _connection(parts: Any, timeout: float) -> http.client.HTTPConnection:
+    """This thread's keep-alive connection to the provider, reused while it is open;
+    re-created after a fork, for another host or timeout, and when the server closed it
+    (a readable idle socket means it did: at EOF, or sent what nobody asked for)."""
+    key = (os.getpid(), parts.scheme, parts.hostname, parts.port, timeout)
+    cached = getattr(_LOCAL, "conn", None)
+    if cached is not None:
+        if cached[0] == key and cached[1].sock is not None and not _readable(cached[1].sock):
+            return cached[1]
+        if cached[0][0] == os.getpid():
+            cached[1].close()
+    host = parts.hostname or ""
+    if parts.scheme == "https":
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            host, parts.port, timeout=timeout, context=_tls_context()
+        )
+    else:
+        conn = http.client.HTTPConnection(host, parts.port, timeout=timeout)
+    _LOCAL.conn = (key, conn)
+    return conn
+
+
+def _readable(sock: socket.socket) -> bool:
+    poller = select.poll()  # not select(): a worker's descriptors pass 1024
+    try:
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):  # closed under us
+        return True
 
 
 def _status_error_class(status: int) -> type[openai.APIStatusError]:

@@ -1,0 +1,110 @@
+"""The `llm` agent's HTTP client: one keep-alive connection per thread, a connection the
+provider closed is replaced, and a proxy or a redirect goes through httpx (the SDK's client)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from agentrun.agents import AgentError, StepContext, get_agent
+from agentrun.builtin import llm
+from tests.fake_openai import FakeOpenAI, Reply, completion
+
+API_KEY = "arllm-" + "k3y-2b7e0c4f9a1d63e8"
+GOAL = "Answer at once."
+
+
+@pytest.fixture
+def provider(settings, monkeypatch):
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    with FakeOpenAI(keep_alive=True) as server:
+        settings.AGENTRUN_LLM_BASE_URL = server.base_url
+        settings.AGENTRUN_LLM_MODEL = "fake-model"
+        settings.AGENTRUN_LLM_TIMEOUT = 5.0
+        monkeypatch.setenv("AGENTRUN_LLM_API_KEY", API_KEY)
+        yield server
+
+
+def answer() -> Any:
+    agent = get_agent("llm")
+    inp = {"goal": GOAL}
+    return agent.decide(agent.initial_state(inp), StepContext("run-1", 1, inp)).final
+
+
+def test_a_threads_requests_share_one_connection(provider):
+    provider.push(completion("one"), completion("two"), completion("three"))
+    assert [answer(), answer(), answer()] == ["one", "two", "three"]
+    requests = provider.chat_requests()
+    assert len(requests) == 3
+    assert len({r.peer for r in requests}) == 1
+    assert requests[0].headers["authorization"] == f"Bearer {API_KEY}"
+
+
+def test_each_thread_has_its_own_connection(provider):
+    provider.push(completion("main"), completion("other"))
+    assert answer() == "main"
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(answer()))
+    thread.start()
+    thread.join()
+    assert got == ["other"]
+    assert len({r.peer for r in provider.chat_requests()}) == 2
+
+
+def test_a_connection_the_provider_closed_while_idle_is_replaced(provider):
+    provider.push(completion("one"), Reply(200, completion("two"), hang_up=True))
+    provider.push(completion("three"))
+    assert answer() == "one"
+    assert answer() == "two"
+    time.sleep(0.3)  # the server closes its end: the socket reads EOF from now on
+    assert answer() == "three"  # not an APIConnectionError on the dead connection
+    peers = [r.peer for r in provider.chat_requests()]
+    assert peers[0] == peers[1] != peers[2]
+
+
+def test_an_error_status_keeps_the_sdk_error_and_the_connection(provider):
+    provider.push(
+        Reply(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "7"}),
+        completion("after"),
+    )
+    with pytest.raises(AgentError) as info:
+        answer()
+    exc = info.value
+    assert exc.transient is True
+    assert exc.retry_after == 7.0
+    assert exc.detail["provider_error"] == "RateLimitError"
+    assert exc.detail["status"] == 429
+    assert exc.detail["request_id"] == "req_fake"
+    assert "slow down" in str(exc)
+    assert answer() == "after"
+    assert len({r.peer for r in provider.chat_requests()}) == 1
+
+
+def test_a_proxy_in_the_environment_is_used(provider, settings, monkeypatch):
+    # The fake answers as the proxy would forward: the request line names the provider.
+    settings.AGENTRUN_LLM_BASE_URL = "http://llm.invalid/v1"
+    host, port = provider.base_url.split("//")[1].split("/")[0].split(":")
+    monkeypatch.setenv("HTTP_PROXY", f"http://{host}:{port}")
+    monkeypatch.setattr(llm._LOCAL, "http", None, raising=False)  # a client reads it at birth
+    provider.push(completion("through the proxy"))
+    assert answer() == "through the proxy"
+    [request] = provider.chat_requests()
+    assert request.target == "http://llm.invalid/v1/chat/completions"
+    assert request.headers["authorization"] == f"Bearer {API_KEY}"
+
+
+def test_a_redirect_is_followed(provider):
+    moved = provider.base_url + "/chat/completions?moved=1"
+    redirect = Reply(307, "", headers={"Location": moved})
+    provider.push(redirect, redirect, completion("moved"))
+    assert answer() == "moved"
+    assert [r.target for r in provider.chat_requests()] == [
+        "/v1/chat/completions",
+        "/v1/chat/completions",
+        "/v1/chat/completions?moved=1",
+    ]
