@@ -244,6 +244,29 @@ def test_api_key_echoed_by_the_provider_is_not_stored(fake):
     assert API_KEY not in stored_text()
 
 
+@pytest.mark.django_db
+def test_secrets_in_the_models_answer_are_redacted_before_they_are_stored_or_used(fake):
+    token = "sk-proj-" + "Zq8rT2vX9mK4pL7nB3cW6yH1"
+    fake.push(
+        completion(
+            f"calling with {token}",
+            tool_calls=[tool_call("echo", {"text": f"key {token}", "password": "hunter2-xyz"})],
+        ),
+        completion(f"done; the token was {token}"),
+    )
+    run = drive(start())
+
+    assert run.status == "succeeded", run.error
+    assert "[REDACTED]" in run.final_answer
+    step = Step.objects.get(run=run, number=1)
+    assert token not in json.dumps(step.decision)
+    assert "hunter2-xyz" not in json.dumps(step.decision)
+    [call] = ToolCall.objects.filter(step=step)
+    assert call.args == {"text": "key [REDACTED]", "password": "[REDACTED]"}
+    assert token not in stored_text()
+    assert "hunter2-xyz" not in stored_text()
+
+
 def test_api_key_is_read_at_call_time(fake, monkeypatch):
     fake.push(completion("one"), completion("two"), completion("three"))
     decide_once()
