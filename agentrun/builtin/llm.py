@@ -167,8 +167,6 @@ def _post(key: str, base_url: str, timeout: float, body: dict[str, Any]) -> str:
     }
     if _proxies():
         return _post_httpx(url, timeout, content, headers)
-    import openai
-
     parts = urlsplit(url)
     conn = _connection(parts, timeout)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
@@ -176,13 +174,13 @@ def _post(key: str, base_url: str, timeout: float, body: dict[str, Any]) -> str:
         conn.request("POST", target, body=content, headers=headers)
         response = conn.getresponse()
         data = response.read()
-    except TimeoutError as exc:
+    except (OSError, http.client.HTTPException) as exc:  # timed out, refused, dropped, not HTTP
+        import openai  # the SDK only for its errors: a success needs none of it
+
         _LOCAL.conn = None
         conn.close()
-        raise openai.APITimeoutError(request=_request(url)) from exc
-    except (OSError, http.client.HTTPException) as exc:  # refused, dropped, not HTTP...
-        _LOCAL.conn = None
-        conn.close()
+        if isinstance(exc, TimeoutError):
+            raise openai.APITimeoutError(request=_request(url)) from exc
         raise openai.APIConnectionError(request=_request(url)) from exc
     if response.will_close:
         _LOCAL.conn = None
@@ -497,14 +495,16 @@ class LLMAgent(StateAgent):
         kwargs: dict[str, Any] = {"model": model, "messages": messages}
         if tools:
             kwargs["tools"] = tools
-        import openai
-
         queued = time.perf_counter()
         with _request_slots():
             started = time.perf_counter()
             try:
                 body_text = _post(key, base_url, timeout, kwargs)
-            except openai.OpenAIError as exc:
+            except Exception as exc:
+                import openai
+
+                if not isinstance(exc, openai.OpenAIError):
+                    raise
                 raise _provider_error(exc, key=key, timeout=timeout, where=where) from None
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
         queued_ms = round((started - queued) * 1000, 3)
