@@ -2,13 +2,15 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/<a database of its own> \\
         .venv/bin/python bench/bench_watch.py [--steps 10000] [--repeat 5] [--no-state-agent]
-        [--state-agent-only] [--state-runs K] [--worker-gc]
+        [--state-agent-only] [--state-runs K] [--interleaved K] [--worker-gc]
 
 1. A StateAgent step's cost at step 100 and at step 10,000: the `workload_state` agent
    (bench/state_agent.py: the workload's steps on the typed AgentState) runs N steps
    in-process (engine.execute_step with an unlimited chain: each commit claims the next
    step); a step's time runs from the previous commit to its own. Reported: the median and
-   the mean over steps 51-150 and over the last 100 steps, and their ratio.
+   the mean over steps 51-150 and over the last 100 steps, and their ratio. With
+   --interleaved K, K more measurements that don't compare two moments of a machine whose
+   speed drifts: the last 100 steps of one run taken in turns with steps 51-150 of another.
 2. The history of one path (agentrun.watch.history, what the watch page, the API and
    `manage.py watch` call): its first page, as the API and the page ask for it (they read
    the run only as far as the page), and the whole history (the command, a last page), in
@@ -73,6 +75,48 @@ def run_steps(agent: str, variant: str, n: int) -> tuple[Run, list[float], list[
     run.refresh_from_db()
     assert run.status == "succeeded", (run.status, run.error)
     return run, times, cpu
+
+
+def interleaved(agent: str, variant: str, n: int, pairs: int = 100) -> dict[str, Any]:
+    """Steps n-pairs+1..n of one run and steps 51..50+pairs of another, taken in turns.
+
+    The machine's speed moves by up to 2x within minutes (other tenants), so two windows
+    measured minutes apart compare the machine as much as the steps. Here each late step
+    has an early step next to it in time: A's step, then B's, then B's, then A's... Every
+    step is its own execute_step call (claim, decide, act, commit; no chain), in both runs.
+    """
+
+    def start() -> Run:
+        return services.start_run(
+            agent, {"goal": LABEL, "variant": variant, "n": n, "label": LABEL}
+        )
+
+    def one(run: Run, k: int) -> tuple[float, float]:
+        t, c = time.perf_counter(), time.process_time()
+        out = engine.execute_step(run.pk, k)
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        assert out.status == "committed" and out.step == k, (out.status, out.step, k)
+        return wall, cpu
+
+    late, early = start(), start()
+    for k in range(1, n - pairs + 1):
+        one(late, k)
+    for k in range(1, 51):
+        one(early, k)
+    got: dict[str, list[tuple[float, float]]] = {"late": [], "early": []}
+    for i in range(pairs):
+        turns = [("late", late, n - pairs + 1 + i), ("early", early, 51 + i)]
+        for name, run, k in turns if i % 2 == 0 else reversed(turns):
+            got[name].append(one(run, k))
+    out: dict[str, Any] = {}
+    for name, values in got.items():
+        out[name] = (
+            statistics.median(w for w, _ in values) * 1000,
+            statistics.median(c for _, c in values) * 1000,
+        )
+    size = Step.objects.filter(run=late, number=n).values_list("state_size", flat=True).first()
+    out["size"] = size or 0
+    return out
 
 
 def snapshot_chain(variant: str, n: int) -> Run:
@@ -143,6 +187,14 @@ def main() -> None:
         "--state-runs", type=int, default=1, help="StateAgent runs, a row each (the ratio is noisy)"
     )
     parser.add_argument(
+        "--interleaved",
+        type=int,
+        default=0,
+        metavar="K",
+        help="K more StateAgent measurements with the late and early steps taken in turns "
+        "(two runs side by side; a row each)",
+    )
+    parser.add_argument(
         "--worker-gc",
         action="store_true",
         help="the garbage collector as a worker process sets it (agentrun.celery): startup "
@@ -195,6 +247,22 @@ def main() -> None:
             flush=True,
         )
         runs[(agent, variant)] = run
+    if args.interleaved:
+        print(
+            f"\n| agent | steps {n - 99:,}-{n:,}: median wall / CPU | steps 51-150 of a second "
+            "run, in turns: median wall / CPU | ratio: wall | CPU | state at the end |"
+        )
+        print("|---|---|---|---|---|---|")
+    for _ in range(args.interleaved):
+        t = time.perf_counter()
+        got = interleaved("workload_state", "grow", n)
+        (lw, lc), (ew, ec) = got["late"], got["early"]
+        print(
+            f"| workload_state (grow) | {lw:.2f} / {lc:.2f} ms | {ew:.2f} / {ec:.2f} ms "
+            f"| {lw / ew:.2f}x | {lc / ec:.2f}x | {got['size'] / 1e6:.1f} MB "
+            f"(run: {time.perf_counter() - t:.0f} s) |",
+            flush=True,
+        )
     if args.state_agent_only:
         return
 
