@@ -24,6 +24,7 @@ its reply, `Reply.delay` included).
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from collections import deque
@@ -134,10 +135,13 @@ class FakeOpenAI:
         self,
         respond: Callable[[Recorded], dict[str, Any] | Reply] | None = None,
         keep_alive: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         # keep_alive: answer in HTTP/1.1 and keep connections open (else HTTP/1.0, one
-        # request per connection, as BaseHTTPRequestHandler does by default)
+        # request per connection, as BaseHTTPRequestHandler does by default);
+        # tls: a server-side context, to serve https:// on "localhost"
         self.keep_alive = keep_alive
+        self.tls = tls
         self.requests: list[Recorded] = []
         self._queue: deque[Scripted] = deque()
         self._respond = respond
@@ -152,6 +156,8 @@ class FakeOpenAI:
         """What the client takes as its base URL (the API root, ending in /v1)."""
         assert self._server is not None, "server not started"
         host, port = self._server.server_address[:2]
+        if self.tls is not None:
+            return f"https://localhost:{port}/v1"
         return f"http://{host}:{port}/v1"
 
     def push(self, *replies: Scripted) -> None:
@@ -184,6 +190,8 @@ class FakeOpenAI:
                 fake._handle(self, self.rfile.read(length))
 
         self._server = _Server(("127.0.0.1", 0), Handler)
+        if self.tls is not None:
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.05},  # stop() waits up to one poll

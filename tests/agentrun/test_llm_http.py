@@ -3,8 +3,12 @@ provider closed is replaced, and a proxy or a redirect goes through httpx (the S
 
 from __future__ import annotations
 
+import shutil
+import ssl
+import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,3 +112,60 @@ def test_a_redirect_is_followed(provider):
         "/v1/chat/completions",
         "/v1/chat/completions?moved=1",
     ]
+
+
+# --- https, as every hosted provider is --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost (the openssl command line)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a certificate with")
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"]
+        + ["-addext", "subjectAltName=DNS:localhost"],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@pytest.fixture
+def tls_provider(settings, monkeypatch, certificate):
+    cert, key = certificate
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    monkeypatch.setattr(llm, "_TLS", None)  # built again, from this environment
+    with FakeOpenAI(keep_alive=True, tls=context) as server:
+        settings.AGENTRUN_LLM_BASE_URL = server.base_url
+        settings.AGENTRUN_LLM_MODEL = "fake-model"
+        settings.AGENTRUN_LLM_TIMEOUT = 5.0
+        monkeypatch.setenv("AGENTRUN_LLM_API_KEY", API_KEY)
+        yield server
+
+
+def test_https_with_the_certificates_the_environment_trusts(tls_provider, monkeypatch, certificate):
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+    tls_provider.push(completion("secure one"), completion("secure two"))
+    assert tls_provider.base_url.startswith("https://localhost:")
+    assert [answer(), answer()] == ["secure one", "secure two"]
+    requests = tls_provider.chat_requests()
+    assert len({r.peer for r in requests}) == 1  # one TLS connection, kept alive
+    assert requests[0].headers["authorization"] == f"Bearer {API_KEY}"
+
+
+def test_https_to_a_certificate_nobody_trusts_is_refused(tls_provider):
+    tls_provider.push(completion("never sent"))
+    with pytest.raises(AgentError) as info:
+        answer()
+    assert info.value.transient is True
+    assert info.value.detail["provider_error"] == "APIConnectionError"
+    assert "CERTIFICATE_VERIFY_FAILED" in info.value.detail["reason"]
+    assert tls_provider.chat_requests() == []
