@@ -32,9 +32,15 @@ from django.db.backends.utils import CursorWrapper
 
 @dataclass(frozen=True)
 class Sql:
-    """A raw SQL expression as a value, e.g. Sql("decision_count + 1")."""
+    """A raw SQL expression as a value, e.g. Sql("decision_count + 1"), or with
+    parameters for its %s placeholders, e.g. Sql("tokens_in + %s", (812,)).
+
+    A value that changes from one statement to the next must be a parameter: the text
+    is the statement's shape, which its SQL is cached and prepared by (a count written
+    into the text made a new statement, cached forever, at every step)."""
 
     text: str
+    params: tuple[Any, ...] = ()
 
 
 def db() -> Any:
@@ -198,7 +204,12 @@ class _Part:
         if self.kind == "select":
             return list(self.values.values())
         model = self.model
-        out = [prep(model, n, v, conn) for n, v in self.values.items() if not isinstance(v, Sql)]
+        out: list[Any] = []
+        for n, v in self.values.items():
+            if isinstance(v, Sql):
+                out += v.params
+            else:
+                out.append(prep(model, n, v, conn))
         if self.kind == "update":
             out.append(prep(model, "pk", self.pk, conn))
         return out

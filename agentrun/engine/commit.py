@@ -143,8 +143,8 @@ def _write_post(
         "lease_expires_at": None,
         "phase": snap.phase,
         "status": run_status,
-        "tokens_in": rawsql.Sql(f"tokens_in + {int(llm.get('tokens_in', 0))}"),
-        "tokens_out": rawsql.Sql(f"tokens_out + {int(llm.get('tokens_out', 0))}"),
+        "tokens_in": rawsql.Sql("tokens_in + %s", (int(llm.get("tokens_in", 0)),)),
+        "tokens_out": rawsql.Sql("tokens_out + %s", (int(llm.get("tokens_out", 0)),)),
         "updated_at": now,
     }
     if terminal:

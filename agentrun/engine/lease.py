@@ -62,7 +62,9 @@ def run_update(ctx: Claimed, changes: dict[str, Any]) -> tuple[str, list[Any]]:
     """`UPDATE run SET changes` if we still hold the lease on this step."""
     params: list[Any] = []
     for name, value in changes.items():
-        if not isinstance(value, rawsql.Sql):
+        if isinstance(value, rawsql.Sql):
+            params += value.params
+        else:
             params.append(rawsql.prep(Run, name, value))
     params += [rawsql.prep(Run, "id", ctx.run.pk), ctx.step.number, ctx.owner]
     shape = tuple((n, v.text if isinstance(v, rawsql.Sql) else None) for n, v in changes.items())

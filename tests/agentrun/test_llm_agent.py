@@ -267,6 +267,35 @@ def test_secrets_in_the_models_answer_are_redacted_before_they_are_stored_or_use
     assert "hunter2-xyz" not in stored_text()
 
 
+@pytest.mark.django_db
+def test_token_counts_are_parameters_not_new_statements(fake):
+    """Every provider answer has its own counts: written into the SQL, each was a new
+    statement, cached in the process forever (and prepared anew by the server)."""
+    from agentrun import rawsql
+    from agentrun.engine import lease
+
+    def one_run(n: int) -> Run:
+        fake.push(
+            completion(
+                tool_calls=[tool_call("echo", {"text": "hi"})],
+                prompt_tokens=100 + n,
+                completion_tokens=10 + n,
+            ),
+            completion("done", prompt_tokens=200 + n, completion_tokens=20 + n),
+        )
+        run = drive(start())
+        assert run.status == "succeeded", run.error
+        return run
+
+    one_run(0)  # every statement shape of such a run, cached once
+    sizes = (len(rawsql._STATEMENTS), lease._run_update_sql.cache_info().currsize)
+    runs = [one_run(n) for n in (1, 2, 3)]
+    assert (len(rawsql._STATEMENTS), lease._run_update_sql.cache_info().currsize) == sizes
+    for n, run in zip((1, 2, 3), runs, strict=True):
+        run.refresh_from_db()
+        assert (run.tokens_in, run.tokens_out) == (300 + 2 * n, 30 + 2 * n)
+
+
 def test_api_key_is_read_at_call_time(fake, monkeypatch):
     fake.push(completion("one"), completion("two"), completion("three"))
     decide_once()
