@@ -60,7 +60,8 @@ class Reply:
 
     `delay` sleeps before answering (for client timeouts); `drop` closes the
     connection without any answer; `hang_up` closes it after the answer without
-    saying so (no `Connection: close`), as a server's idle timeout does.
+    saying so (no `Connection: close`), as a server's idle timeout does; `chunked`
+    sends the body in chunks of that many bytes (Transfer-Encoding: chunked, HTTP/1.1).
     """
 
     status: int = 200
@@ -69,6 +70,7 @@ class Reply:
     delay: float = 0.0
     drop: bool = False
     hang_up: bool = False
+    chunked: int = 0
 
 
 Scripted = dict[str, Any] | Reply | Callable[[Recorded], "dict[str, Any] | Reply"]
@@ -283,12 +285,22 @@ class FakeOpenAI:
         try:
             handler.send_response(reply.status)
             handler.send_header("Content-Type", ctype)
-            handler.send_header("Content-Length", str(len(data)))
+            if reply.chunked:
+                handler.send_header("Transfer-Encoding", "chunked")
+            else:
+                handler.send_header("Content-Length", str(len(data)))
             handler.send_header("x-request-id", "req_fake")
             for name, value in reply.headers.items():
                 handler.send_header(name, value)
             handler.end_headers()
-            handler.wfile.write(data)
+            if reply.chunked:
+                for i in range(0, len(data), reply.chunked):
+                    piece = data[i : i + reply.chunked]
+                    handler.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    handler.wfile.flush()
+                handler.wfile.write(b"0\r\n\r\n")
+            else:
+                handler.wfile.write(data)
             if reply.hang_up:
                 handler.close_connection = True
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout tests)

@@ -71,6 +71,14 @@ def test_a_connection_the_provider_closed_while_idle_is_replaced(provider):
     assert peers[0] == peers[1] != peers[2]
 
 
+def test_a_chunked_answer_is_read_whole_and_the_connection_kept(provider):
+    long = "word " * 2000
+    provider.push(Reply(200, completion(long), chunked=700), completion("next"))
+    assert answer() == long
+    assert answer() == "next"
+    assert len({r.peer for r in provider.chat_requests()}) == 1
+
+
 def test_an_error_status_keeps_the_sdk_error_and_the_connection(provider):
     provider.push(
         Reply(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "7"}),
