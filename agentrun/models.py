@@ -351,6 +351,19 @@ def _key(run_id: Any, seq: int) -> bytes:
     return _uuid(run_id).bytes + seq.to_bytes(4, "big")
 
 
+def dictionary_key(run_id: Any, seq: int) -> bytes:
+    """The locator of snapshot `seq` of `run_id`, as a packed value names its dictionary."""
+    return _key(run_id, seq)
+
+
+def packed_against(blob: bytes, run_id: Any) -> int | None:
+    """The seq of the snapshot of `run_id` that a stored value is packed against, or None
+    (compressed alone, or packed against another run's snapshot)."""
+    if blob[:1] not in _WINDOWS or blob[1:17] != _uuid(run_id).bytes:
+        return None
+    return int.from_bytes(blob[17:_LOCATOR], "big")
+
+
 def remember_dictionary(run_id: Any, seq: int, text: bytes) -> None:
     """Keep the text of a snapshot this process has just committed (or read)."""
     global _TAILS_BYTES

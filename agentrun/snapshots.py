@@ -29,21 +29,25 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import BinaryField, ExpressionWrapper, F
 from django.db.models.base import ModelState
 
 from agentrun import delta, hashing, rawsql
 from agentrun.models import (
+    FULL_WINDOW,
     CompressedJSONField,
     Inflater,
     Prepared,
     Snapshot,
     SnapshotKind,
+    dictionary_key,
+    inflate,
     json_text,
     pack,
     pack_text,
+    packed_against,
     remember_dictionary,
     remembered_dictionary,
 )
@@ -346,6 +350,54 @@ def chain(
         if kind == SnapshotKind.FULL and blob is not None:
             _keep_keyframe_text(run_id, seq, bytes(digest), decode.text)
         out.append((seq, kind, value))
+    return out
+
+
+def inflate_results(run_id: Any, blobs: list[bytes | None]) -> list[bytes | None]:
+    """The JSON text of stored tool results of one run (None stays None).
+
+    A read's result is packed against its step's post delta (models.pack), and a delta
+    against its keyframe: one by one, inflate() reads each delta, and the keyframe
+    under it, with a query a batch. Here the deltas the results name are read in one
+    pass of the run's chain from the first one's keyframe on (as chain() does: one query,
+    each keyframe's dictionary set once), and each result is inflated against its
+    delta's text. A result that names another run's snapshot, or none, goes to inflate().
+    """
+    blobs = [b if b is None or type(b) is bytes else bytes(b) for b in blobs]
+    seqs = {packed_against(b, run_id) for b in blobs if b is not None} - {None}
+    tails = _snapshot_tails(run_id, cast(set[int], seqs)) if seqs else {}
+    return [None if b is None else inflate(b, tails) for b in blobs]
+
+
+def _snapshot_tails(run_id: Any, seqs: set[int]) -> dict[bytes, bytes]:
+    """The dictionaries (last FULL_WINDOW bytes of the JSON text) of these snapshots of a
+    run, by locator, from one read of its chain."""
+    first = min(seqs)
+    start = (
+        Snapshot.objects.filter(run_id=run_id, seq=first)
+        .values_list("keyframe_seq", flat=True)
+        .first()
+    )
+    if start is None:
+        return {}
+    known = _keyframe_text(run_id, start)
+    params = [start, known[0] if known else b"", rawsql.prep(Snapshot, "run_id", run_id)]
+    rows = rawsql.fetch_all(_chain_sql(False), [*params, min(start, first), max(seqs)])
+    inflater = Inflater()
+    out: dict[bytes, bytes] = {}
+    for seq, kind, blob, digest in rows:
+        if blob is None:
+            if known is None or seq != start or kind != SnapshotKind.FULL:
+                continue
+            text = known[1]
+        else:
+            text = inflater(blob)
+            if kind == SnapshotKind.FULL:
+                _keep_keyframe_text(run_id, seq, bytes(digest), text)
+        if kind == SnapshotKind.FULL:
+            inflater.keyframe(run_id, seq, text)
+        if seq in seqs:
+            out[dictionary_key(run_id, seq)] = text[-FULL_WINDOW:]
     return out
 
 

@@ -34,8 +34,8 @@ from agentrun.models import (
     ToolCall,
     ToolCallStatus,
     inflate,
-    inflate_many,
 )
+from agentrun.snapshots import inflate_results
 from debugger.timeline import WAIT_EVENTS
 
 PHASES = ("idle", "planning", "executing", "reflecting", "waiting", "done", "error")
@@ -177,16 +177,13 @@ def stored_calls(run_id: Any, from_step_id: int = 0) -> list[tuple[int, str, str
         )
         rows = cursor.fetchall()
     # A read's result is packed against its step's post delta (agentrun.models.pack):
-    # inflate_many reads those dictionaries, one query a batch.
-    texts: list[str | None] = []
-    for i in range(0, len(rows), 500):
-        batch = rows[i : i + 500]
-        blobs = [blob for _, _, blob in batch if blob is not None]
-        try:
-            inflated = iter(inflate_many(blobs))
-        except (ValueError, zlib.error):  # a purge took a dictionary away meanwhile
-            inflated = iter([_inflate_or_none(blob) for blob in blobs])
-        texts += [None if blob is None else _decode(next(inflated)) for _, _, blob in batch]
+    # inflate_results reads those deltas in one pass of the run's snapshots.
+    blobs = [blob for _, _, blob in rows]
+    try:
+        inflated = inflate_results(run_id, blobs)
+    except (ValueError, zlib.error):  # a purge took a dictionary away meanwhile
+        inflated = [None if blob is None else _inflate_or_none(blob) for blob in blobs]
+    texts = [_decode(text) for text in inflated]
     return [
         (
             step_id,

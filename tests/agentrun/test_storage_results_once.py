@@ -169,3 +169,28 @@ def test_a_hash_written_as_hex_text_by_older_code_reads_back_as_it_is():
     field = ToolCall._meta.get_field("args_hash")
     assert field.from_db_value("ab" * 32, None, connection) == "ab" * 32
     assert field.from_db_value(bytes.fromhex("ab" * 32), None, connection) == "ab" * 32
+
+
+def test_a_runs_results_are_read_with_their_deltas_in_one_pass(monkeypatch):
+    """inflate_results (the search's reader): every result as inflate() reads it alone,
+    in a fixed number of queries whatever the number of steps and keyframes."""
+    from django.db import connection as conn
+    from django.test.utils import CaptureQueriesContext
+
+    from agentrun import models, snapshots
+
+    monkeypatch.setattr(snapshots, "KEYFRAME_ROWS", 4)  # keyframes every few steps
+    run = run_of_lookups(pages=20)
+    keyframes = Snapshot.objects.filter(run=run, kind=SnapshotKind.FULL).count()
+    assert keyframes >= 2  # the first state's, and at least one the deltas cross
+    calls_ = ToolCall.objects.filter(run=run).order_by("step__number")
+    blobs = [stored(call) for call in calls_]
+    assert sum(blob[:1] == bytes([PACKED]) for blob in blobs) >= 8
+    models.forget_dictionaries()
+    snapshots.forget_keyframe_texts()
+    with CaptureQueriesContext(conn) as queries:
+        texts = snapshots.inflate_results(run.pk, blobs)
+    assert len(queries) <= 2  # the first delta's keyframe_seq, then the chain
+    models.forget_dictionaries()
+    assert texts == [models.inflate(blob) for blob in blobs]
+    assert [json.loads(t) for t in texts] == [call.result for call in calls_]
