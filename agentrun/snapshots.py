@@ -353,7 +353,9 @@ def chain(
     return out
 
 
-def inflate_results(run_id: Any, blobs: list[bytes | None]) -> list[bytes | None]:
+def inflate_results(
+    run_id: Any, blobs: list[bytes | None], *, gone_as_none: bool = False
+) -> list[bytes | None]:
     """The JSON text of stored tool results of one run (None stays None).
 
     A read's result is packed against its step's post delta (models.pack), and a delta
@@ -361,20 +363,37 @@ def inflate_results(run_id: Any, blobs: list[bytes | None]) -> list[bytes | None
     under it, with a query a batch. Here the deltas the results name are read in one
     pass of the run's chain from the first one's keyframe on (as chain() does: one query,
     each keyframe's dictionary set once), and each result is inflated against its
-    delta's text. A result that names another run's snapshot, or none, goes to inflate().
+    delta's text. A result that names another run's snapshot goes to inflate().
+    `gone_as_none`: a result whose delta is gone (a purge under way) reads as None, with
+    no query of its own, instead of raising ValueError.
     """
     blobs = [b if b is None or type(b) is bytes else bytes(b) for b in blobs]
     seqs = {packed_against(b, run_id) for b in blobs if b is not None} - {None}
     tails = _snapshot_tails(run_id, cast(set[int], seqs)) if seqs else {}
-    return [None if b is None else inflate(b, tails) for b in blobs]
+    if not gone_as_none:
+        return [None if b is None else inflate(b, tails) for b in blobs]
+    out: list[bytes | None] = []
+    for b in blobs:
+        seq = None if b is None else packed_against(b, run_id)
+        if b is None or (seq is not None and dictionary_key(run_id, seq) not in tails):
+            out.append(None)
+            continue
+        try:
+            out.append(inflate(b, tails))
+        except (ValueError, zlib.error):
+            out.append(None)
+    return out
 
 
 def _snapshot_tails(run_id: Any, seqs: set[int]) -> dict[bytes, bytes]:
     """The dictionaries (last FULL_WINDOW bytes of the JSON text) of these snapshots of a
     run, by locator, from one read of its chain."""
     first = min(seqs)
+    # The keyframe under the first of them that still exists (all of them, but during a purge).
     start = (
-        Snapshot.objects.filter(run_id=run_id, seq=first)
+        Snapshot.objects.filter(run_id=run_id, seq__gte=first, seq__lte=max(seqs))
+        .exclude(kind=SnapshotKind.REF)
+        .order_by("seq")
         .values_list("keyframe_seq", flat=True)
         .first()
     )

@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import json
 import threading
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -33,7 +32,6 @@ from agentrun.models import (
     StepStatus,
     ToolCall,
     ToolCallStatus,
-    inflate,
 )
 from agentrun.snapshots import inflate_results
 from debugger.timeline import WAIT_EVENTS
@@ -178,11 +176,8 @@ def stored_calls(run_id: Any, from_step_id: int = 0) -> list[tuple[int, str, str
         rows = cursor.fetchall()
     # A read's result is packed against its step's post delta (agentrun.models.pack):
     # inflate_results reads those deltas in one pass of the run's snapshots.
-    blobs = [blob for _, _, blob in rows]
-    try:
-        inflated = inflate_results(run_id, blobs)
-    except (ValueError, zlib.error):  # a purge took a dictionary away meanwhile
-        inflated = [None if blob is None else _inflate_or_none(blob) for blob in blobs]
+    # A result whose delta a purge took away meanwhile is searched as no result.
+    inflated = inflate_results(run_id, [blob for _, _, blob in rows], gone_as_none=True)
     texts = [_decode(text) for text in inflated]
     return [
         (
@@ -192,13 +187,6 @@ def stored_calls(run_id: Any, from_step_id: int = 0) -> list[tuple[int, str, str
         )
         for (step_id, args, _), text in zip(rows, texts, strict=True)
     ]
-
-
-def _inflate_or_none(blob: bytes) -> bytes | None:
-    try:
-        return inflate(blob)
-    except (ValueError, zlib.error):
-        return None  # searched as no result
 
 
 def _decode(text: bytes | None) -> str | None:

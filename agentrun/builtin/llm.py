@@ -168,7 +168,8 @@ def _post(key: str, base_url: str, timeout: float, body: dict[str, Any]) -> str:
     if _proxies():
         return _post_httpx(url, timeout, content, headers)
     parts = urlsplit(url)
-    conn = _connection(parts, timeout)
+    key_ = (os.getpid(), parts.scheme, parts.hostname, parts.port, timeout)
+    conn = _connection(key_, parts, timeout)  # this thread's, taken: back only when whole
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     try:
         conn.request("POST", target, body=content, headers=headers)
@@ -177,14 +178,17 @@ def _post(key: str, base_url: str, timeout: float, body: dict[str, Any]) -> str:
     except (OSError, http.client.HTTPException) as exc:  # timed out, refused, dropped, not HTTP
         import openai  # the SDK only for its errors: a success needs none of it
 
-        _LOCAL.conn = None
         conn.close()
         if isinstance(exc, TimeoutError):
             raise openai.APITimeoutError(request=_request(url)) from exc
         raise openai.APIConnectionError(request=_request(url)) from exc
-    if response.will_close:
-        _LOCAL.conn = None
+    except BaseException:  # anything else mid-exchange (a time limit...): not reusable
         conn.close()
+        raise
+    if response.will_close:
+        conn.close()
+    else:
+        _LOCAL.conn = (key_, conn, time.monotonic())
     status = response.status
     if 300 <= status < 400 and response.getheader("location"):
         return _post_httpx(url, timeout, content, headers)  # httpx follows it, as the SDK would
@@ -250,26 +254,37 @@ def _proxies() -> bool:
     return any(environ.get(name) for name in _PROXY_VARS)
 
 
-def _connection(parts: Any, timeout: float) -> http.client.HTTPConnection:
-    """This thread's keep-alive connection to the provider, reused while it is open;
-    re-created after a fork, for another host or timeout, and when the server closed it
-    (a readable idle socket means it did: at EOF, or sent what nobody asked for)."""
-    key = (os.getpid(), parts.scheme, parts.hostname, parts.port, timeout)
+#: An idle connection older than this is not reused (httpx's keep-alive expiry): servers
+#: close theirs after a few seconds (5 s for many), and a NAT or balancer may drop an idle
+#: flow without a word, which a reused connection would learn only at the request's timeout.
+KEEPALIVE_EXPIRY = 5.0
+
+
+def _connection(key: tuple[Any, ...], parts: Any, timeout: float) -> http.client.HTTPConnection:
+    """This thread's keep-alive connection to the provider, taken out of its slot (`_post`
+    puts it back after a whole exchange); a new one after a fork, for another host or
+    timeout, when it was idle for KEEPALIVE_EXPIRY, or when the server closed it (a
+    readable idle socket means it did: at EOF, or sent what nobody asked for)."""
     cached = getattr(_LOCAL, "conn", None)
+    _LOCAL.conn = None
     if cached is not None:
-        if cached[0] == key and cached[1].sock is not None and not _readable(cached[1].sock):
-            return cached[1]
-        if cached[0][0] == os.getpid():
-            cached[1].close()
+        old_key, conn, used = cached
+        if (
+            old_key == key
+            and conn.sock is not None
+            and time.monotonic() - used < KEEPALIVE_EXPIRY
+            and not _readable(conn.sock)
+        ):
+            return conn
+        if old_key[0] == os.getpid():  # (a forked child leaves its parent's socket alone)
+            conn.close()
     host = parts.hostname or ""
     if parts.scheme == "https":
-        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-            host, parts.port, timeout=timeout, context=_tls_context()
+        return http.client.HTTPSConnection(
+            host, parts.port or 443, timeout=timeout, context=_tls_context()
         )
-    else:
-        conn = http.client.HTTPConnection(host, parts.port, timeout=timeout)
-    _LOCAL.conn = (key, conn)
-    return conn
+    # The port always given: http.client would read "::1" as host ":" and port 1.
+    return http.client.HTTPConnection(host, parts.port or 80, timeout=timeout)
 
 
 def _readable(sock: socket.socket) -> bool:
@@ -492,6 +507,13 @@ class LLMAgent(StateAgent):
                 f"no API key for the LLM provider: set {API_KEY_ENV[0]} (or {API_KEY_ENV[1]})",
                 detail=where,
             )
+        if not key.isprintable() or any(c.isspace() for c in key):
+            # It would not fit in a header: the HTTP client's error would quote it.
+            raise AgentError(
+                f"the API key for the LLM provider ({API_KEY_ENV[0]} or {API_KEY_ENV[1]})"
+                " holds a space or a control character",
+                detail=where,
+            )
         kwargs: dict[str, Any] = {"model": model, "messages": messages}
         if tools:
             kwargs["tools"] = tools
@@ -522,10 +544,11 @@ class LLMAgent(StateAgent):
                 f" ({where['base_url']}, {model})",
                 detail=_clean({**where, "body": body_text[:_BODY_LIMIT]}, key),
             )
-        # The key is scrubbed here; the rest of redaction happens once, to the whole
-        # decision, in the engine (decide_step), before it is stored or acted on.
-        response = _scrub(response, key)
-        request = _scrub(request, key)
+        # Redacted here, not only with the whole decision in the engine: the decision's
+        # words quote the model's arguments cut short ("call echo {"password": "hun…"),
+        # and a cut secret is no longer one that redaction can recognise.
+        response = _clean(response, key)
+        request = _clean(request, key)
         decision = self._decision(response, model=model, names=names, where=where)
         usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
         tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")

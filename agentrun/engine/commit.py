@@ -143,8 +143,14 @@ def _write_post(
         "lease_expires_at": None,
         "phase": snap.phase,
         "status": run_status,
-        "tokens_in": rawsql.Sql("tokens_in + %s", (int(llm.get("tokens_in", 0)),)),
-        "tokens_out": rawsql.Sql("tokens_out + %s", (int(llm.get("tokens_out", 0)),)),
+        # Typed placeholders: psycopg sends an int as int2, int4 or int8 by its size, and
+        # each type would be a statement of its own to prepare.
+        "tokens_in": rawsql.Sql(
+            f"tokens_in + {rawsql.slot(Run, 'tokens_in')}", (int(llm.get("tokens_in", 0)),)
+        ),
+        "tokens_out": rawsql.Sql(
+            f"tokens_out + {rawsql.slot(Run, 'tokens_out')}", (int(llm.get("tokens_out", 0)),)
+        ),
         "updated_at": now,
     }
     if terminal:

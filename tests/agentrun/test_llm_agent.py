@@ -296,6 +296,24 @@ def test_token_counts_are_parameters_not_new_statements(fake):
         assert (run.tokens_in, run.tokens_out) == (300 + 2 * n, 30 + 2 * n)
 
 
+@pytest.mark.django_db
+def test_a_secret_in_tool_arguments_is_not_stored_in_the_words_quoting_them(fake):
+    """A tool call without text: the thought quotes its arguments, cut to 60 characters,
+    which would cut a secret where redaction no longer sees it."""
+    secret = "hunter2-" + "secret-value-123456"
+    fake.push(
+        completion(tool_calls=[tool_call("echo", {"text": "hello there", "password": secret})]),
+        completion("done"),
+    )
+    run = drive(start())
+
+    assert run.status == "succeeded", run.error
+    step = Step.objects.get(run=run, number=1)
+    assert step.decision["thought"].startswith("call echo")
+    assert "hunter2" not in json.dumps(step.decision)
+    assert "hunter2" not in stored_text()
+
+
 def test_api_key_is_read_at_call_time(fake, monkeypatch):
     fake.push(completion("one"), completion("two"), completion("three"))
     decide_once()
@@ -323,6 +341,15 @@ def test_no_api_key_is_a_permanent_error_without_a_request(fake, monkeypatch):
     exc = decide_error()
     assert not exc.transient
     assert "AGENTRUN_LLM_API_KEY" in str(exc)
+    assert fake.requests == []
+
+
+def test_an_api_key_with_a_line_break_is_refused_without_quoting_it(fake, monkeypatch):
+    monkeypatch.setenv("AGENTRUN_LLM_API_KEY", "arllm-first-half\nsecond-half-xyz")
+    exc = decide_error()
+    assert not exc.transient
+    assert "AGENTRUN_LLM_API_KEY" in str(exc)
+    assert "second-half-xyz" not in str(exc) and "second-half-xyz" not in repr(exc.detail)
     assert fake.requests == []
 
 

@@ -21,6 +21,24 @@ API_KEY = "arllm-" + "k3y-2b7e0c4f9a1d63e8"
 GOAL = "Answer at once."
 
 
+@pytest.fixture(autouse=True)
+def _fresh_connections():
+    """Each test starts without this thread's cached connection or client, and leaves none."""
+
+    def drop() -> None:
+        cached = getattr(llm._LOCAL, "conn", None)
+        if cached is not None:
+            cached[1].close()
+        client = getattr(llm._LOCAL, "http", None)
+        if client is not None:
+            client[1].close()
+        llm._LOCAL.conn = llm._LOCAL.http = None
+
+    drop()
+    yield
+    drop()
+
+
 @pytest.fixture
 def provider(settings, monkeypatch):
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
@@ -77,6 +95,60 @@ def test_a_chunked_answer_is_read_whole_and_the_connection_kept(provider):
     assert answer() == long
     assert answer() == "next"
     assert len({r.peer for r in provider.chat_requests()}) == 1
+
+
+def test_a_connection_idle_past_the_keepalive_expiry_is_not_reused(provider, monkeypatch):
+    monkeypatch.setattr(llm, "KEEPALIVE_EXPIRY", 0.2)
+    provider.push(completion("one"), completion("two"), completion("three"))
+    assert answer() == "one"
+    assert answer() == "two"  # at once: the same connection
+    time.sleep(0.3)
+    assert answer() == "three"
+    peers = [r.peer for r in provider.chat_requests()]
+    assert peers[0] == peers[1] != peers[2]
+
+
+def test_an_exchange_cut_short_leaves_no_connection_to_reuse(provider, monkeypatch):
+    """Anything raised mid-exchange (a time limit, say) leaves a request unanswered on
+    the connection: the next request must not be sent on it."""
+
+    class TimeLimit(BaseException):
+        pass
+
+    provider.push(completion("lost"), completion("next"))
+    real = llm.http.client.HTTPResponse.read
+
+    def cut(self, *args):
+        raise TimeLimit()
+
+    monkeypatch.setattr(llm.http.client.HTTPResponse, "read", cut)
+    with pytest.raises(TimeLimit):
+        answer()
+    monkeypatch.setattr(llm.http.client.HTTPResponse, "read", real)
+    assert answer() == "next"
+    peers = [r.peer for r in provider.chat_requests()]
+    assert len(peers) == 2 and peers[0] != peers[1]
+
+
+def test_an_ipv6_provider_without_a_port(settings, monkeypatch):
+    """http://[::1]/v1 means port 80: http.client alone would read "::1" as host ":"
+    and port 1. (Nothing listens there: what matters is where the connection goes.)"""
+    seen: list[tuple[str, Any]] = []
+
+    def connect(self):
+        seen.append((self.host, self.port))
+        raise ConnectionRefusedError("not here")
+
+    monkeypatch.setattr(llm.http.client.HTTPConnection, "connect", connect)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    settings.AGENTRUN_LLM_BASE_URL = "http://[::1]/v1"
+    monkeypatch.setenv("AGENTRUN_LLM_API_KEY", API_KEY)
+    with pytest.raises(AgentError) as info:
+        answer()
+    assert info.value.transient is True
+    assert seen == [("::1", 80)]
 
 
 def test_an_error_status_keeps_the_sdk_error_and_the_connection(provider):

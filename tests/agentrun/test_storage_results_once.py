@@ -194,3 +194,29 @@ def test_a_runs_results_are_read_with_their_deltas_in_one_pass(monkeypatch):
     models.forget_dictionaries()
     assert texts == [models.inflate(blob) for blob in blobs]
     assert [json.loads(t) for t in texts] == [call.result for call in calls_]
+
+
+def test_a_result_whose_delta_is_gone_reads_as_none_without_a_query_each():
+    """What a purge leaves for a moment (the calls, their deltas gone): the search's reader
+    passes over those results in the one pass, not with a query per result."""
+    from django.db import connection as conn
+    from django.test.utils import CaptureQueriesContext
+
+    from agentrun import models, snapshots
+
+    run = run_of_lookups(pages=8)
+    calls_ = list(ToolCall.objects.filter(run=run).order_by("step__number"))
+    blobs = [stored(call) for call in calls_]
+    packed = [i for i, blob in enumerate(blobs) if blob[:1] == bytes([PACKED])]
+    assert len(packed) >= 4
+    models.forget_dictionaries()
+    snapshots.forget_keyframe_texts()
+    Snapshot.objects.filter(run=run, at="post", kind=SnapshotKind.DELTA).delete()
+    with CaptureQueriesContext(conn) as queries:
+        texts = snapshots.inflate_results(run.pk, blobs, gone_as_none=True)
+    assert len(queries) <= 2
+    assert all(texts[i] is None for i in packed)
+    kept = [i for i in range(len(blobs)) if i not in packed]
+    assert all(json.loads(texts[i]) == calls_[i].result for i in kept)
+    with pytest.raises(ValueError):
+        snapshots.inflate_results(run.pk, blobs)
