@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, cast
+from typing import Any
 
 from django.db.models import BinaryField, ExpressionWrapper, F
 from django.db.models.base import ModelState
@@ -333,24 +333,38 @@ def chain(
     """(seq, kind, data) of a run's rows from first_seq to last_seq, in one round trip,
     data decoded; `refs`: with the REF rows, which change nothing (a replay that wants
     only the last state needs just the rows with data). Raw SQL: the ORM's own work per
-    row costs more than decoding a delta. A keyframe at first_seq whose text this
-    process read before (_KEYFRAMES) is not sent again: the row's hash says it is the
-    same text (a run deleted and imported again under its id may hold another)."""
+    row costs more than decoding a delta."""
+    return [
+        (seq, kind, None if text is None else json.loads(text))
+        for seq, kind, text in _chain_texts(run_id, first_seq, last_seq, refs)
+    ]
+
+
+def _chain_texts(
+    run_id: Any, first_seq: int, last_seq: int, refs: bool = False
+) -> Iterator[tuple[int, str, bytes | None]]:
+    """(seq, kind, JSON text or None) of a run's rows from first_seq to last_seq, from one
+    query: each keyframe's dictionary is set once for the deltas after it (Inflater). A
+    keyframe at first_seq whose text this process read before (_KEYFRAMES) is not sent
+    again: the row's hash says it is the same text (a run deleted and imported again
+    under its id may hold another)."""
     known = _keyframe_text(run_id, first_seq)
     params = [first_seq, known[0] if known else b"", rawsql.prep(Snapshot, "run_id", run_id)]
     rows = rawsql.fetch_all(_chain_sql(refs), [*params, first_seq, last_seq])
-    decode = _Decoder(run_id)
-    out = []
+    inflater = Inflater()
     for seq, kind, blob, digest in rows:
-        if blob is None and known is not None and seq == first_seq and kind == SnapshotKind.FULL:
-            decode.inflate.keyframe(run_id, seq, known[1])
-            out.append((seq, kind, json.loads(known[1])))
+        if blob is not None:
+            text = inflater(blob)
+            if kind == SnapshotKind.FULL:
+                _keep_keyframe_text(run_id, seq, bytes(digest), text)
+        elif known is not None and seq == first_seq and kind == SnapshotKind.FULL:
+            text = known[1]
+        else:
+            yield seq, kind, None
             continue
-        value = decode(seq, kind, blob)
-        if kind == SnapshotKind.FULL and blob is not None:
-            _keep_keyframe_text(run_id, seq, bytes(digest), decode.text)
-        out.append((seq, kind, value))
-    return out
+        if kind == SnapshotKind.FULL:
+            inflater.keyframe(run_id, seq, text)
+        yield seq, kind, text
 
 
 def inflate_results(
@@ -368,13 +382,13 @@ def inflate_results(
     no query of its own, instead of raising ValueError.
     """
     blobs = [b if b is None or type(b) is bytes else bytes(b) for b in blobs]
-    seqs = {packed_against(b, run_id) for b in blobs if b is not None} - {None}
-    tails = _snapshot_tails(run_id, cast(set[int], seqs)) if seqs else {}
+    against = [None if b is None else packed_against(b, run_id) for b in blobs]
+    seqs = {seq for seq in against if seq is not None}
+    tails = _snapshot_tails(run_id, seqs) if seqs else {}
     if not gone_as_none:
         return [None if b is None else inflate(b, tails) for b in blobs]
     out: list[bytes | None] = []
-    for b in blobs:
-        seq = None if b is None else packed_against(b, run_id)
+    for b, seq in zip(blobs, against, strict=True):
         if b is None or (seq is not None and dictionary_key(run_id, seq) not in tails):
             out.append(None)
             continue
@@ -399,25 +413,11 @@ def _snapshot_tails(run_id: Any, seqs: set[int]) -> dict[bytes, bytes]:
     )
     if start is None:
         return {}
-    known = _keyframe_text(run_id, start)
-    params = [start, known[0] if known else b"", rawsql.prep(Snapshot, "run_id", run_id)]
-    rows = rawsql.fetch_all(_chain_sql(False), [*params, min(start, first), max(seqs)])
-    inflater = Inflater()
-    out: dict[bytes, bytes] = {}
-    for seq, kind, blob, digest in rows:
-        if blob is None:
-            if known is None or seq != start or kind != SnapshotKind.FULL:
-                continue
-            text = known[1]
-        else:
-            text = inflater(blob)
-            if kind == SnapshotKind.FULL:
-                _keep_keyframe_text(run_id, seq, bytes(digest), text)
-        if kind == SnapshotKind.FULL:
-            inflater.keyframe(run_id, seq, text)
-        if seq in seqs:
-            out[dictionary_key(run_id, seq)] = text[-FULL_WINDOW:]
-    return out
+    return {
+        dictionary_key(run_id, seq): text[-FULL_WINDOW:]
+        for seq, _, text in _chain_texts(run_id, min(start, first), max(seqs))
+        if text is not None and seq in seqs
+    }
 
 
 @cache

@@ -168,8 +168,8 @@ def _post(key: str, base_url: str, timeout: float, body: dict[str, Any]) -> str:
     if _proxies():
         return _post_httpx(url, timeout, content, headers)
     parts = urlsplit(url)
-    key_ = (os.getpid(), parts.scheme, parts.hostname, parts.port, timeout)
-    conn = _connection(key_, parts, timeout)  # this thread's, taken: back only when whole
+    conn_key = (os.getpid(), parts.scheme, parts.hostname, parts.port, timeout)
+    conn = _connection(conn_key, parts, timeout)  # this thread's, taken: back only when whole
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     try:
         conn.request("POST", target, body=content, headers=headers)
@@ -188,7 +188,7 @@ def _post(key: str, base_url: str, timeout: float, body: dict[str, Any]) -> str:
     if response.will_close:
         conn.close()
     else:
-        _LOCAL.conn = (key_, conn, time.monotonic())
+        _LOCAL.conn = (conn_key, conn, time.monotonic())
     status = response.status
     if 300 <= status < 400 and response.getheader("location"):
         return _post_httpx(url, timeout, content, headers)  # httpx follows it, as the SDK would
