@@ -219,7 +219,7 @@ def pack_result(result: Any, snapshot: Snapshot, text: bytes | None) -> Any:
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Decoding and hashing a big state builds thousands of containers that all stay
     alive, and the cyclic GC rescans them (and everything else alive) again and again:
     a third of a long history's time. None of them is garbage; pause it meanwhile."""
@@ -254,7 +254,7 @@ def fork(
     """
     if ops is None:
         ops = delta.diff(source_state, state) if state is not source_state else []
-    with _gc_paused():
+    with gc_paused():
         node = hashing.build(state)
     ops_bytes = _json_bytes(ops) if ops else 0
     chain = source.chain_bytes + ops_bytes + node.size // FORK_HOP_SHARE
@@ -336,11 +336,11 @@ def chain(
     row costs more than decoding a delta."""
     return [
         (seq, kind, None if text is None else json.loads(text))
-        for seq, kind, text in _chain_texts(run_id, first_seq, last_seq, refs)
+        for seq, kind, text in chain_texts(run_id, first_seq, last_seq, refs)
     ]
 
 
-def _chain_texts(
+def chain_texts(
     run_id: Any, first_seq: int, last_seq: int, refs: bool = False
 ) -> Iterator[tuple[int, str, bytes | None]]:
     """(seq, kind, JSON text or None) of a run's rows from first_seq to last_seq, from one
@@ -415,7 +415,7 @@ def _snapshot_tails(run_id: Any, seqs: set[int]) -> dict[bytes, bytes]:
         return {}
     return {
         dictionary_key(run_id, seq): text[-FULL_WINDOW:]
-        for seq, _, text in _chain_texts(run_id, min(start, first), max(seqs))
+        for seq, _, text in chain_texts(run_id, min(start, first), max(seqs))
         if text is not None and seq in seqs
     }
 
@@ -481,7 +481,7 @@ def load_state(snapshot: Snapshot) -> dict[str, Any]:
         return snapshot.data
     rows = chain(snapshot.run_id, snapshot.keyframe_seq, snapshot.seq)
     last: tuple[int, Any] = (snapshot.seq, None)
-    with _gc_paused():
+    with gc_paused():
         for last in _replay(snapshot.run_id, rows):  # noqa: B007 - the last state is the answer
             pass
     return last[1]
@@ -509,7 +509,7 @@ def history(run_id: Any) -> list[tuple[Snapshot, dict[str, Any]]]:
 
     The Snapshot instances have everything but `created_at` loaded.
     """
-    with _gc_paused():
+    with gc_paused():
         raw = [f if f != "data" else _RAW for f in _FIELDS]
         rows = list(Snapshot.objects.filter(run_id=run_id).order_by("seq").values_list(*raw))
         decode = _Decoder(run_id)

@@ -18,12 +18,14 @@ the key with those digits in an object.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from copy import copy
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from django.db.models import Q
@@ -431,15 +433,18 @@ def history(
     so a value that every step changes costs its first changes, not the whole run
     (the value now is then read on its own, see `value_now`). With `past_step` too,
     the scan goes on to the run's first change after that step (`around` needs it)."""
+    from agentrun.snapshots import gc_paused  # noqa: PLC0415 - snapshots imports this module
+
     upto_seq = Snapshot.seq_for(*upto) if upto else None
     scan = _Scan(path, limit, past_step)
-    try:
-        state, _ = scan.run(run, upto_seq, hops=0)
-        current = resolve(state, path)
-    except _Enough:
-        if past_step is None:
-            del scan.changes[limit:]
-        current = value_now(run, path, upto_seq, scan)
+    with gc_paused():  # the deltas decoded and the working state: none of it is garbage
+        try:
+            state, _ = scan.run(run, upto_seq, hops=0)
+            current = resolve(state, path)
+        except _Enough:
+            if past_step is None:
+                del scan.changes[limit:]
+            current = value_now(run, path, upto_seq, scan)
     assert scan.start is not None
     return History(
         run=run,
@@ -513,7 +518,7 @@ class _Scan:
                     continue
                 before = resolve(state, self.path)
                 state = work.apply(state, ops, run.pk, step, at)
-                how = self._how(ops, edit=at == "pre")
+                how = partial(self._how, ops, edit=at == "pre")  # words for a change only
             elif kind == SnapshotKind.FULL:
                 before, state = resolve(state, self.path), work.whole(data)
                 how = self._how_from_index(paths)
@@ -530,12 +535,14 @@ class _Scan:
         seq: int,
         before: Any,
         state: Any,
-        how: tuple[str, str],
+        how: tuple[str, str] | Callable[[], tuple[str, str]],
         inherited: bool,
     ) -> None:
         after = resolve(state, self.path)
         if same(before, after):
             return
+        if callable(how):
+            how = how()
         if before is MISSING:
             kind = "added"
         elif after is MISSING:
@@ -620,28 +627,55 @@ def _touching(
     index = Snapshot.objects.filter(run_id=run_id, seq__gt=after_seq).exclude(kind=SnapshotKind.REF)
     if upto_seq is not None:
         index = index.filter(seq__lte=upto_seq)
-    picked = [
-        (*row, hit)
-        for row in index.order_by("seq").values_list("seq", "step", "at", "kind", "paths")
-        if (hit := match(row[4])) is not None
-    ]
+    rows = index.order_by("seq").values_list("seq", "step", "at", "kind", "paths")
+    picked = [(*row, hit) for row in rows if (hit := match(row[4])) is not None]
+    keyframes = [row[0] for row in rows if row[3] == SnapshotKind.FULL]
     at = 0
     for size in itertools.chain(_BATCHES, itertools.repeat(_BATCHES[-1])):
         if at >= len(picked):
             return
         batch = picked[at : at + size]
         at += size
-        wanted = [row[0] for row in batch if row[5]]
-        data = dict(
-            Snapshot.objects.filter(run_id=run_id, seq__in=wanted).values_list("seq", "data")
-            if wanted
-            else ()
-        )
+        data = _data(run_id, [row for row in batch if row[5]], keyframes)
         for seq, step, at_, kind, paths, hit in batch:
             if not hit:
                 yield seq, step, at_, kind, _SPLICED_AFTER, paths
             elif seq in data:  # (a row deleted since the index was read is passed over)
                 yield seq, step, at_, kind, data[seq], paths
+
+
+def _data(run_id: Any, rows: list[tuple[Any, ...]], keyframes: list[int]) -> dict[int, Any]:
+    """The data of these rows (seq, ...) of a run, by seq. Rows that are most of the
+    non-REF rows of their span (a value every step changes: a negative index) come from
+    reads of the chain (snapshots.chain_texts: raw SQL, each keyframe's dictionary set
+    once), in parts cut at the run's `keyframes`: one the rows want starts a part (this
+    process may hold its text already), one they don't want is not read. Sparse rows
+    come through the ORM."""
+    if not rows:
+        return {}
+    lo, hi = rows[0][0], rows[-1][0]
+    if len(rows) < _DENSE_MIN or len(rows) * 4 < hi - lo + 1:
+        wanted = [row[0] for row in rows]
+        return dict(
+            Snapshot.objects.filter(run_id=run_id, seq__in=wanted).values_list("seq", "data")
+        )
+    from agentrun import snapshots  # noqa: PLC0415 - snapshots imports this module
+
+    keep = {row[0] for row in rows}
+    parts: list[list[int]] = [[lo, hi]]
+    for seq in keyframes[bisect.bisect_right(keyframes, lo) : bisect.bisect_right(keyframes, hi)]:
+        parts[-1][1] = seq - 1
+        parts.append([seq if seq in keep else seq + 1, hi])
+    out: dict[int, Any] = {}
+    for first, last in parts:
+        for seq, _, text in snapshots.chain_texts(run_id, first, last) if first <= last else ():
+            if seq in keep and text is not None:
+                out[seq] = json.loads(text)
+    return out
+
+
+#: Fewer rows than this are read through the ORM, however dense.
+_DENSE_MIN = 32
 
 
 def _matcher(path: Path) -> Any:
