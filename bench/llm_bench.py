@@ -48,6 +48,7 @@ os.environ.setdefault("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/
 os.environ.setdefault("BENCH_BROKER_URL", "redis://127.0.0.1:6379/3")
 
 from bench import env  # noqa: E402  (after the defaults above: it reads them on import)
+from bench.report import machine  # noqa: E402
 
 APP_NAME = "agentrun-bench-worker"
 LLM_GOAL = "echo twice then answer"
@@ -529,6 +530,7 @@ def meta(args: argparse.Namespace, extra_env: dict[str, str]) -> dict[str, Any]:
         "runtime_commit": _git("log", "-1", "--format=%h %<(60,trunc)%s", "--", "agentrun").strip(),
         "dirty": bool(_git("status", "--porcelain", "--", "agentrun")),
         "cores": os.cpu_count(),
+        "cpu": machine().get("cpu", "?"),
         "python": platform.python_version(),
         "load_avg_start": os.getloadavg(),
         "worker_command": " ".join(["python", *WORKER_CMD[1:]]) + " -n llmbenchN@%h",
@@ -665,7 +667,7 @@ def report(results: dict[str, Any]) -> str:
         f"## LLM-bound runs (bench/llm_bench.py, {m['started_at']})",
         "",
         f"- Code: {m['commit']} (runtime: {m['runtime_commit']}{', dirty' if m['dirty'] else ''}); "
-        f"{m['cores']} cores, load average at start {_load(m['load_avg_start'])}, at end "
+        f"{m['cores']} cores ({m.get('cpu', '?')}), load average at start {_load(m['load_avg_start'])}, at end "
         f"{_load(m['load_avg_end'])} (a shared machine: other processes take CPU too).",
         f"- Workers: {m['workers']} × `{m['worker_command']}`; extra environment: {extra}.",
         f"- Fake LLM: {m['latency_s']:g} s per request, 3 requests per `llm` run (echo, echo, "
