@@ -489,3 +489,36 @@ def test_a_fork_goes_on_from_its_parents_list_held_up_to_the_watched_item():
         (step, step - 30, step - 29, False) for step in range(30, 35)
     ]
     assert got.current == 5
+
+
+def test_a_value_every_step_changes_is_read_in_one_pass_without_the_keyframes_it_skips(
+    monkeypatch,
+):
+    """`log[-1].n` changes at every step: its snapshots come from reads of the chain, not a
+    query per batch, and a keyframe made by a step that changed only `big` is not read."""
+    states = [{"log": [{"n": 0}], "big": ""}]
+    quiet = range(100, 110)  # steps that change only big, a longer text each time
+    for step in range(1, 200):
+        if step in quiet:
+            states.append({"log": states[-1]["log"], "big": f"{step}" * 400 * (step - 99)})
+        else:
+            states.append({"log": [*states[-1]["log"], {"n": step}], "big": states[-1]["big"]})
+    run = chain(*states, pad=False)
+    keyframes = Snapshot.objects.filter(run=run, kind="full", step__in=quiet, at="post")
+    keyframe = keyframes.first()
+    assert keyframe is not None, "the test needs a keyframe that only big changed"
+    parts = []
+    real = snapshots.chain_texts
+
+    def spy(run_id, first, last, refs=False):
+        parts.append((first, last))
+        return real(run_id, first, last, refs)
+
+    monkeypatch.setattr(snapshots, "chain_texts", spy)
+    path = parse_path("log[-1].n")
+    got = watch.history(run, path)
+    assert [(c.step, c.before, c.after) for c in got.changes] == rebuilt_changes(run, path)
+    assert len(got.changes) == 199 - len(quiet)
+    assert parts, "the dense read did not go through the chain"
+    assert all(not first <= keyframe.seq <= last for first, last in parts), parts
+    assert got.current == 199
