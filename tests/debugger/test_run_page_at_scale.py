@@ -203,3 +203,41 @@ def test_a_chart_column_shows_the_first_of_its_slowest_steps():
     points = timeline.chart_points_of(marks)
     column = next(p for p in points if p.number >= 1000)
     assert column.number == 1001 and column.failed  # the tie goes to the first; 1003 failed
+
+
+def test_a_finished_long_runs_steps_are_read_once_until_it_changes(
+    people, django_assert_num_queries
+):
+    """The run page, each search and each list page read the run's steps (timeline.marks):
+    a finished run's are kept by the process, keyed by what the page polls and the
+    newest step id, so a change of either reads them again."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agentrun.models import Step
+
+    run = long_run(people["operator"], 600)
+    timeline.forget_marks()
+    first = timeline.marks(run)
+    with django_assert_num_queries(1):  # the newest step id
+        assert timeline.marks(run) is first
+    # A step row the run's own row does not know of (as after an import under its id).
+    now = timezone.now()
+    Step.objects.create(run=run, number=601, status="succeeded", started_at=now, finished_at=now)
+    added = timeline.marks(run)
+    assert added is not first and added[-1].number == 601
+    # The run's row changes (what the page polls): its steps are read again.
+    Step.objects.filter(run=run, number=600).update(status="failed")
+    Run.objects.filter(pk=run.pk).update(status="failed", finished_at=now + timedelta(seconds=1))
+    run.refresh_from_db()
+    again = timeline.marks(run)
+    assert again is not added and again[599].failed
+
+
+def test_an_active_or_short_run_is_read_every_time(people):
+    short = long_run(people["operator"], timeline.MARKS_CACHED_FROM - 1)
+    active = long_run(people["operator"], 600, status="running")
+    timeline.forget_marks()
+    for run in (short, active):
+        assert timeline.marks(run) is not timeline.marks(run)
