@@ -341,18 +341,21 @@ def chain(
 
 
 def chain_texts(
-    run_id: Any, first_seq: int, last_seq: int, refs: bool = False
+    run_id: Any, first_seq: int, last_seq: int, refs: bool = False, keep: set[int] | None = None
 ) -> Iterator[tuple[int, str, bytes | None]]:
     """(seq, kind, JSON text or None) of a run's rows from first_seq to last_seq, from one
     query: each keyframe's dictionary is set once for the deltas after it (Inflater). A
     keyframe at first_seq whose text this process read before (_KEYFRAMES) is not sent
     again: the row's hash says it is the same text (a run deleted and imported again
-    under its id may hold another)."""
+    under its id may hold another). `keep`: only these rows are yielded, and the other
+    deltas are not inflated (keyframes are: the deltas after them are packed against them)."""
     known = _keyframe_text(run_id, first_seq)
     params = [first_seq, known[0] if known else b"", rawsql.prep(Snapshot, "run_id", run_id)]
     rows = rawsql.fetch_all(_chain_sql(refs), [*params, first_seq, last_seq])
     inflater = Inflater()
     for seq, kind, blob, digest in rows:
+        if keep is not None and seq not in keep and kind != SnapshotKind.FULL:
+            continue
         if blob is not None:
             text = inflater(blob)
             if kind == SnapshotKind.FULL:
@@ -364,7 +367,8 @@ def chain_texts(
             continue
         if kind == SnapshotKind.FULL:
             inflater.keyframe(run_id, seq, text)
-        yield seq, kind, text
+        if keep is None or seq in keep:
+            yield seq, kind, text
 
 
 def inflate_results(

@@ -645,12 +645,14 @@ def _touching(
 
 
 def _data(run_id: Any, rows: list[tuple[Any, ...]], keyframes: list[int]) -> dict[int, Any]:
-    """The data of these rows (seq, ...) of a run, by seq. Rows that are most of the
-    non-REF rows of their span (a value every step changes: a negative index) come from
-    reads of the chain (snapshots.chain_texts: raw SQL, each keyframe's dictionary set
-    once), in parts cut at the run's `keyframes`: one the rows want starts a part (this
-    process may hold its text already), one they don't want is not read. Sparse rows
-    come through the ORM."""
+    """The data of these rows (seq, ...) of a run, by seq. Rows that are at least a
+    quarter of their seq span, REF rows included (about half of a run's other rows: a
+    value every step changes, as under a negative index), come from reads of the chain
+    (snapshots.chain_texts: raw SQL, each keyframe's dictionary set once, the rows not
+    wanted left compressed), in parts cut at the run's `keyframes`: one the rows want
+    starts a part (this process may hold its text already), one they don't want is not
+    read (a wanted delta packed against it reads it as a dictionary, as through the ORM).
+    Sparse rows come through the ORM."""
     if not rows:
         return {}
     lo, hi = rows[0][0], rows[-1][0]
@@ -668,8 +670,9 @@ def _data(run_id: Any, rows: list[tuple[Any, ...]], keyframes: list[int]) -> dic
         parts.append([seq if seq in keep else seq + 1, hi])
     out: dict[int, Any] = {}
     for first, last in parts:
-        for seq, _, text in snapshots.chain_texts(run_id, first, last) if first <= last else ():
-            if seq in keep and text is not None:
+        texts = snapshots.chain_texts(run_id, first, last, keep=keep) if first <= last else ()
+        for seq, _, text in texts:
+            if text is not None:
                 out[seq] = json.loads(text)
     return out
 

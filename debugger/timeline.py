@@ -480,10 +480,13 @@ SIDE_EFFECT_KINDS = ("write", "hybrid")
 # and each page of its step list read all of its steps again (28 ms at 10,000 steps),
 # and a finished run's steps no longer change. An entry is keyed by the run's version
 # (what the page itself polls) and its newest step id: a run deleted and imported again
-# under its id has new step ids. Bounded by the steps held; least recently used out first.
+# under its id has new step ids. A run being purged, or purged, is read each time (a
+# purge deletes steps without touching what the key holds). Bounded by the steps held;
+# least recently used out first.
 _MARKS: OrderedDict[tuple[str, str, int], Marks] = OrderedDict()
 _MARKS_LOCK = threading.Lock()
-#: Runs with fewer steps are read each time (cheap); the cache holds at most this many.
+#: Runs with fewer steps are read each time (cheap), and so are runs with more than
+#: the cache holds in all.
 MARKS_CACHED_FROM = 500
 MARKS_CACHE_STEPS = 50_000
 
@@ -492,7 +495,8 @@ def marks(run: Run) -> Marks:
     """Every step of the run, in order (see `read_marks`); a finished run's from this
     process's cache when nothing changed since it was read. The marks are shared: no
     caller changes them."""
-    if run.is_active:
+    few = run.next_step - run.first_step < MARKS_CACHED_FROM
+    if run.is_active or run.purged_at is not None or few:
         return read_marks(run)
     newest = Step.objects.filter(run=run).aggregate(top=Max("pk"))["top"] or 0
     key = (str(run.pk), version(run), newest)
@@ -502,13 +506,13 @@ def marks(run: Run) -> Marks:
             _MARKS.move_to_end(key)
             return found
     out = read_marks(run)
-    if len(out) >= MARKS_CACHED_FROM and not out.moving:
+    if MARKS_CACHED_FROM <= len(out) <= MARKS_CACHE_STEPS and not out.moving:
         with _MARKS_LOCK:
             for old in [k for k in _MARKS if k[0] == key[0]]:
                 del _MARKS[old]
             _MARKS[key] = out
             held = sum(len(m) for m in _MARKS.values())
-            while held > MARKS_CACHE_STEPS and len(_MARKS) > 1:
+            while held > MARKS_CACHE_STEPS:
                 held -= len(_MARKS.popitem(last=False)[1])
     return out
 

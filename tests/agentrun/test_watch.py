@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentrun import services, snapshots, watch
+from agentrun import models, services, snapshots, watch
 from agentrun.builtin.shop import STAGE_STEPS
 from agentrun.models import Run, Snapshot
 from agentrun.watch import MISSING, PathSyntaxError, parse_path
@@ -495,7 +495,8 @@ def test_a_value_every_step_changes_is_read_in_one_pass_without_the_keyframes_it
     monkeypatch,
 ):
     """`log[-1].n` changes at every step: its snapshots come from reads of the chain, not a
-    query per batch, and a keyframe made by a step that changed only `big` is not read."""
+    query per batch, and a keyframe made by a step that changed only `big` is left out of
+    those reads (its deltas are stored alone here: nothing needs its text)."""
     states = [{"log": [{"n": 0}], "big": ""}]
     quiet = range(100, 110)  # steps that change only big, a longer text each time
     for step in range(1, 200):
@@ -510,9 +511,9 @@ def test_a_value_every_step_changes_is_read_in_one_pass_without_the_keyframes_it
     parts = []
     real = snapshots.chain_texts
 
-    def spy(run_id, first, last, refs=False):
+    def spy(run_id, first, last, refs=False, keep=None):
         parts.append((first, last))
-        return real(run_id, first, last, refs)
+        return real(run_id, first, last, refs, keep)
 
     monkeypatch.setattr(snapshots, "chain_texts", spy)
     path = parse_path("log[-1].n")
@@ -522,3 +523,57 @@ def test_a_value_every_step_changes_is_read_in_one_pass_without_the_keyframes_it
     assert parts, "the dense read did not go through the chain"
     assert all(not first <= keyframe.seq <= last for first, last in parts), parts
     assert got.current == 199
+
+
+def engine_chain(*states: dict) -> Run:
+    """chain(), stored as the engine stores snapshots: each delta packed against its
+    keyframe's text (snapshots.insert_values), which a reader must then read first."""
+    run = Run.objects.create(agent="scripted", input={}, status="succeeded")
+    prev = prev_state = None
+    for i, state in enumerate(states):
+        step, at = (1, "pre") if i == 0 else (i, "post")
+        snap, _ = snapshots.build(run.pk, step, at, state, prev, prev_state)
+        values, text = snapshots.insert_values(snap)
+        Snapshot(**values).save()
+        snapshots.committed(snap, text)
+        prev, prev_state = snap, state
+    models.forget_dictionaries()  # a reader in another process: keyframes from the table
+    snapshots.forget_keyframe_texts()
+    return run
+
+
+def test_deltas_packed_against_a_keyframe_the_watch_skips_read_the_same_history(monkeypatch):
+    """The quiet steps' deltas are packed against a keyframe no change of `log` reaches:
+    a dense read of `log[-1].n` leaves them compressed, so that keyframe is not read at all."""
+    states = [{"log": [{"n": 0, "text": "entry 0"}], "big": ""}]
+    quiet = range(100, 110)
+    for step in range(1, 200):
+        if step in quiet:
+            states.append({"log": states[-1]["log"], "big": f"{step}" * 400 * (step - 99)})
+        else:
+            item = {"n": step, "text": f"entry {step} of the log"}
+            states.append({"log": [*states[-1]["log"], item], "big": states[-1]["big"]})
+    run = engine_chain(*states)
+    from django.db.models import BinaryField, ExpressionWrapper, F
+
+    stored = ExpressionWrapper(F("data"), output_field=BinaryField())  # as stored, not decoded
+    deltas = Snapshot.objects.filter(run=run, kind="delta").values_list(stored, flat=True)
+    packed = [models.packed_against(bytes(data), run.pk) for data in deltas]
+    assert sum(seq is not None for seq in packed) > 100, "the deltas are packed"
+    skipped = Snapshot.objects.filter(run=run, kind="full", step__in=quiet).first()
+    assert skipped is not None, "the test needs a keyframe that only big changed"
+    asked: list[bytes] = []
+    real = models.dictionaries
+
+    def spy(wanted):
+        asked.extend(wanted)
+        return real(wanted)
+
+    monkeypatch.setattr(models, "dictionaries", spy)
+    for text in ("log[-1].n", "log[-1]", "log[-2].text", "big"):
+        if text == "big":
+            assert models.dictionary_key(run.pk, skipped.seq) not in asked
+        path = parse_path(text)
+        got = watch.history(run, path)
+        assert [(c.step, c.before, c.after) for c in got.changes] == rebuilt_changes(run, path)
+        assert watch.same(got.current, watch.resolve(states[-1], path)), text

@@ -235,9 +235,27 @@ def test_a_finished_long_runs_steps_are_read_once_until_it_changes(
     assert again is not added and again[599].failed
 
 
-def test_an_active_or_short_run_is_read_every_time(people):
+def test_an_active_short_or_oversized_run_is_read_every_time(people, monkeypatch):
     short = long_run(people["operator"], timeline.MARKS_CACHED_FROM - 1)
     active = long_run(people["operator"], 600, status="running")
+    big = long_run(people["operator"], 600)
+    monkeypatch.setattr(timeline, "MARKS_CACHE_STEPS", 599)  # more than the cache holds
     timeline.forget_marks()
-    for run in (short, active):
+    for run in (short, active, big):
         assert timeline.marks(run) is not timeline.marks(run)
+
+
+def test_a_purged_runs_steps_are_read_again(people):
+    """A purge deletes steps and marks the run with `update()`: neither the run's version
+    nor its newest step id need change, so a purged run is never served from the cache."""
+    from django.utils import timezone
+
+    from agentrun.models import Step
+
+    run = long_run(people["operator"], 700)
+    timeline.forget_marks()
+    assert len(timeline.marks(run)) == 700
+    Step.objects.filter(run=run, number__lt=600).delete()  # the newest step is kept
+    Run.objects.filter(pk=run.pk).update(purged_at=timezone.now())
+    run.refresh_from_db()
+    assert len(timeline.marks(run)) == 101
