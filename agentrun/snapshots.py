@@ -419,8 +419,8 @@ def _snapshot_tails(run_id: Any, seqs: set[int]) -> dict[bytes, bytes]:
         return {}
     return {
         dictionary_key(run_id, seq): text[-FULL_WINDOW:]
-        for seq, _, text in chain_texts(run_id, min(start, first), max(seqs))
-        if text is not None and seq in seqs
+        for seq, _, text in chain_texts(run_id, min(start, first), max(seqs), keep=seqs)
+        if text is not None
     }
 
 
