@@ -740,6 +740,24 @@ class ToolCall(models.Model):
         return f"{self.tool} {self.idempotency_key}"
 
 
+class SearchBlock(models.Model):
+    """A part of a finished long run's search index (agentrun.callsearch): the lower-cased
+    text of consecutive tool calls, arguments and results, which SQL can look inside
+    (a result is stored compressed, often against its step's delta). Derived data: built
+    after the run ends, valid while the run's calls are as they were then (`version`),
+    deleted with the run and by the purge; never exported."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
+    version = models.CharField(max_length=200)
+    #: The step id of each call in `body`, in order, comma-separated.
+    steps = models.TextField()
+    #: The calls' text, one call after another (callsearch.CALL_SEP between them).
+    body = models.TextField()
+
+    def __str__(self) -> str:
+        return f"search block {self.pk} of {self.run_id}"
+
+
 #: Events that mean a step was tried again: a backoff after an error, or a crash.
 RETRY_EVENTS = ("retry_scheduled", "step_crashed")
 

@@ -122,6 +122,7 @@ class PurgeReport:
     steps: int = 0
     snapshots: int = 0
     tool_calls: int = 0
+    search_blocks: int = 0
     #: Finished, old enough, but kept: a pinned relative, or a fork that is kept.
     kept: int = 0
     #: False when the pass stopped at its time budget with candidates left.
@@ -137,6 +138,7 @@ class PurgeReport:
             "steps": self.steps,
             "snapshots": self.snapshots,
             "tool_calls": self.tool_calls,
+            "search_blocks": self.search_blocks,
             "kept": self.kept,
             "complete": self.complete,
             "seconds": round(self.seconds, 3),
@@ -316,6 +318,12 @@ def _take_and_purge(run_id: Any, cutoff: datetime, batch: int, report: PurgeRepo
 # Plain statements (the tables are agentrun's own): each deletes at most %s rows of the
 # runs in RUNS (placeholders, one per run).
 STATEMENTS = (
+    (
+        # The search index holds the results' text: first.
+        "search_blocks",
+        "DELETE FROM agentrun_searchblock WHERE id IN (SELECT id FROM agentrun_searchblock "
+        "WHERE run_id IN (RUNS) LIMIT %s)",
+    ),
     (
         "tool_calls",
         "DELETE FROM agentrun_toolcall WHERE id IN (SELECT id FROM agentrun_toolcall "

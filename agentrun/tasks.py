@@ -21,3 +21,10 @@ def purge_task() -> dict:
     from agentrun import retention
 
     return retention.run_pass()
+
+
+@shared_task(name="agentrun.search_index")
+def search_index_task(run_id: str) -> int:
+    from agentrun import callsearch
+
+    return callsearch.build(run_id)

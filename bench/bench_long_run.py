@@ -15,14 +15,14 @@ chart and the search have something to find.
 
 Then, median of REPEAT requests each, server side through Django's test client:
 the run page, a step's deep link, the htmx search (several filters; the query also
-once cold, before this process has read the run's result text), each as a process that
-has not read the run's steps yet and again with them cached (`timeline.marks`), and
-`GET /api/runs/{id}` (first page, a late page), after a VACUUM (ANALYZE) of the
-project's tables as autovacuum would do (`--no-vacuum`: right after the inserts); and in
-headless Chromium, against a
-`runserver` of this checkout (and of `--compare`'s, the same database): the time from
-navigation to idle (load, and every request the page makes by itself answered) and
-the HTML bytes. Figures are reported, not asserted.
+once cold, before this process has read the run's result text: with the run's stored
+search index, built first as a worker would at the run's end, and without it), each as
+a process that has not read the run's steps yet and again with them cached
+(`timeline.marks`), and `GET /api/runs/{id}` (first page, a late page), after a VACUUM
+(ANALYZE) of the project's tables as autovacuum would do (`--no-vacuum`: right after the
+inserts); and in headless Chromium, against a `runserver` of this checkout (and of
+`--compare`'s, the same database): the time from navigation to idle (load, and every
+request the page makes by itself answered) and the HTML bytes. Figures are reported, not asserted.
 """
 
 from __future__ import annotations
@@ -137,6 +137,7 @@ def server_side(run: Any, n_steps: int) -> dict[str, Any]:
         forget_marks()
         return client.get(url, *args, **kwargs)
 
+    out["search index"] = build_index(run, n_steps)
     client.get(f"/runs/{run.pk}/")  # templates compiled, connection warm
     cpu, page = median_ms(lambda: cold(f"/runs/{run.pk}/"), clock=time.process_time)
     ms, page = median_ms(lambda: cold(f"/runs/{run.pk}/"))
@@ -168,6 +169,12 @@ def server_side(run: Any, n_steps: int) -> dict[str, Any]:
         query = {k: v.replace("{late_result}", late_text) for k, v in query.items()}
         args = {k: (v == "1" if k in ("retried", "waits") else v) for k, v in query.items()}
         # Cold: this process has not read the run's result text yet, a new connection.
+        # Without the stored index (a run that ended before it existed), then with it.
+        least, settings.AGENTRUN_SEARCH_INDEX_STEPS = settings.AGENTRUN_SEARCH_INDEX_STEPS, 0
+        forget_call_texts()
+        connection.close()
+        scan_ms, _ = median_ms(lambda args=args: matching_steps(run, **args), repeat=1)
+        settings.AGENTRUN_SEARCH_INDEX_STEPS = least
         forget_call_texts()
         connection.close()
         cold_ms, _ = median_ms(lambda args=args: matching_steps(run, **args), repeat=1)
@@ -177,6 +184,7 @@ def server_side(run: Any, n_steps: int) -> dict[str, Any]:
         ms_c, _ = median_ms(lambda query=query: client.get(f"/runs/{run.pk}/", query, **hx))
         out["search"][name] = {
             "query ms (first)": cold_ms,
+            "query ms (first, no index)": scan_ms,
             "query ms": ms_q,
             "htmx response ms": ms_p,
             "htmx response ms (steps cached)": ms_c,
@@ -191,6 +199,40 @@ def server_side(run: Any, n_steps: int) -> dict[str, Any]:
         ms, resp = median_ms(lambda url=url: client.get(url))
         out[f"API {label}"] = {"ms": ms, "bytes": len(resp.content), "status": resp.status_code}
     return out
+
+
+def build_index(run: Any, n_steps: int) -> dict[str, Any]:
+    """The run's stored search index, built as a worker builds it when a run ends: the
+    time, and its bytes (the values as stored, compressed) per step."""
+    from django.db import connection
+
+    from agentrun import callsearch
+    from agentrun.models import SearchBlock
+
+    started = time.perf_counter()
+    blocks = callsearch.build(run.pk)
+    ms = (time.perf_counter() - started) * 1000
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM (ANALYZE) {SearchBlock._meta.db_table}")
+        cursor.execute(
+            "SELECT sum(pg_column_size(body) + pg_column_size(steps)), "
+            f"sum(length(body)) FROM {SearchBlock._meta.db_table} WHERE run_id = %s",
+            [run.pk],
+        )
+        stored, chars = cursor.fetchone()
+        cursor.execute(
+            "SELECT attcompression FROM pg_attribute WHERE attrelid = %s::regclass "
+            "AND attname = 'body'",
+            [SearchBlock._meta.db_table],
+        )
+        (method,) = cursor.fetchone()
+    return {
+        "build ms": round(ms),
+        "blocks": blocks,
+        "text MB": round(chars / 1e6, 1),
+        "stored B/step": round(stored / n_steps),
+        "compression": {"l": "lz4", "p": "pglz"}.get(method, "default"),
+    }
 
 
 def free_port() -> int:

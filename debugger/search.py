@@ -3,17 +3,16 @@
 The filter is a form over the run page's query string (deep-linkable). Everything but
 the text in the tool calls is decided by one SQL query on the run's rows (the step table
 through its (run, number) index, the tool calls through toolcall_run_tool_args, which
-answers the call criteria without reading the wide rows). Results are stored
-zlib-compressed, so no SQL can look inside them: a text is searched for in the run's
-call text (arguments and results), read once per process and kept (see `call_text`),
-for the steps the other criteria left. bench/bench_long_run.py has the figures at
-10,000 steps.
+answers the call criteria without reading the wide rows). A text is searched for in the
+run's call text (arguments and results), for the steps the other criteria left: in a
+long finished run's stored index, or read once per process and kept (see
+agentrun.callsearch and `call_text`). bench/bench_long_run.py has the figures at 10,000
+steps.
 """
 
 from __future__ import annotations
 
 import bisect
-import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -21,9 +20,10 @@ from typing import Any, cast
 
 from django import forms
 from django.conf import settings
-from django.db import connection
-from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Q
+from django.db.models import BooleanField, ExpressionWrapper, Q
 
+from agentrun import callsearch
+from agentrun.callsearch import stored_calls
 from agentrun.models import (
     ACTIVE_STATUSES,
     Event,
@@ -33,7 +33,6 @@ from agentrun.models import (
     ToolCall,
     ToolCallStatus,
 )
-from agentrun.snapshots import inflate_results
 from debugger.timeline import WAIT_EVENTS
 
 PHASES = ("idle", "planning", "executing", "reflecting", "waiting", "done", "error")
@@ -143,54 +142,35 @@ def matching_steps(
         else:
             candidates[pk] = number
     if candidates:
-        found |= {candidates[pk] for pk in call_text(run).steps_with(text) if pk in candidates}
+        found |= {candidates[pk] for pk in call_steps_with(run, text) if pk in candidates}
     return found
 
 
 # --- the text of a run's tool calls ----------------------------------------------------------
 #
-# Arguments and results, the calls' text. Results are stored zlib-compressed, so SQL
-# cannot look inside them, and the rows that hold them are wide, so even a scan of the
-# arguments reads them: a search reads a run's calls once into this process's memory
-# (lower-cased, a NUL between two calls and between a call's arguments and result:
-# JSON text never holds a raw NUL) and finds text there with str.find. The entry stays
-# valid while the run's (status, next step, purge) and its calls' (count, last step)
+# Arguments and results, the calls' text (agentrun.callsearch). A finished long run has it
+# stored as an index that SQL searches. Otherwise a search reads a run's calls once into
+# this process's memory (CallText: lower-cased, callsearch's separators between calls and
+# between a call's arguments and result) and finds text there with str.find. The entry
+# stays valid while the run's (status, next step, purge) and its calls' (count, last step)
 # stay the same, checked by one query on toolcall_run_tool_args; while the run is live, a
 # change re-reads only the calls of its last cached step and of the steps after it (a
 # step's calls are final once it commits). Bounded by the text's size, least recently
 # used out first.
 
 
-def stored_calls(run_id: Any, from_step_id: int = 0) -> list[tuple[int, str, str | None]]:
-    """(step id, arguments as JSON text, result as JSON text or None) of a run's calls,
-    of the steps with an id from `from_step_id` on, by step: the one place that reads
-    ToolCall.result's stored form (models.CompressedJSONField) behind the field's back."""
-    table = ToolCall._meta.db_table
-    pg = connection.vendor == "postgresql"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT step_id, {'args::text' if pg else 'args'}, result FROM {table} "  # noqa: S608 - names from the model
-            "WHERE run_id = %s AND step_id >= %s ORDER BY step_id, id",
-            [run_id if pg else run_id.hex, from_step_id],
-        )
-        rows = cursor.fetchall()
-    # A read's result is packed against its step's post delta (agentrun.models.pack):
-    # inflate_results reads those deltas in one pass of the run's snapshots.
-    # A result whose delta a purge took away meanwhile is searched as no result.
-    inflated = inflate_results(run_id, [blob for _, _, blob in rows], gone_as_none=True)
-    texts = [_decode(text) for text in inflated]
-    return [
-        (
-            step_id,
-            args if pg else json.dumps(json.loads(args), ensure_ascii=False),  # as jsonb has it
-            text,
-        )
-        for (step_id, args, _), text in zip(rows, texts, strict=True)
-    ]
-
-
-def _decode(text: bytes | None) -> str | None:
-    return None if text is None else text.decode()
+def call_steps_with(run: Run, text: str) -> set[int]:
+    """The ids of the run's steps with a call whose arguments or result hold `text`, in
+    any case: from this process's copy of the call text, else from the run's stored index,
+    else from a copy read now."""
+    version = callsearch.calls_version(run)
+    cached = _cached(version)
+    if cached is None and callsearch.indexable(run):
+        found = callsearch.indexed_steps_with(version, text.lower())
+        if found is not None:
+            return found
+        callsearch.request(run)  # ended before the index existed, imported, a lost message
+    return (cached or call_text(run, version)).steps_with(text)
 
 
 @dataclass
@@ -211,18 +191,18 @@ class CallText:
         starts, steps = self.starts[:keep], self.steps[:keep]
         at = end + 1 if keep else 0
         for step_id, args, result in stored_calls(version[0], from_step_id):
-            part = (args if result is None else f"{args}\x00{result}").lower()
+            part = callsearch.call_part(args, result)
             starts.append(at)
             steps.append(step_id)
             parts.append(part)
             at += len(part) + 1
-        return CallText(version, live, "\x00".join(parts), starts, steps)
+        return CallText(version, live, callsearch.CALL_SEP.join(parts), starts, steps)
 
     def steps_with(self, text: str) -> set[int]:
         """The step ids with a call whose arguments or result hold `text`, in any case."""
         needle = text.lower()
         found: set[int] = set()
-        if not needle or "\x00" in needle:
+        if not callsearch.searchable(needle):
             return found
         hay, starts = self.text, self.starts
         i = hay.find(needle)
@@ -239,12 +219,21 @@ _TEXTS: OrderedDict[str, CallText] = OrderedDict()
 _TEXTS_LOCK = threading.Lock()
 
 
-def call_text(run: Run) -> CallText:
+def _cached(version: tuple[Any, ...]) -> CallText | None:
+    """This process's copy of the run's call text, if it is of this version."""
+    with _TEXTS_LOCK:
+        cached = _TEXTS.get(str(version[0]))
+        if cached is None or cached.version != version:
+            return None
+        _TEXTS.move_to_end(str(version[0]))
+    return cached
+
+
+def call_text(run: Run, version: tuple[Any, ...] | None = None) -> CallText:
     """The text of the run's tool calls as stored now: from this process's cache when
     nothing changed since it was read, else read again (a live run: its new steps only)."""
     key = str(run.pk)
-    calls = ToolCall.objects.filter(run_id=run.pk).aggregate(n=Count("*"), top=Max("step_id"))
-    version = (run.pk, run.status, run.next_step, run.purged_at, calls["n"], calls["top"] or 0)
+    version = version or callsearch.calls_version(run)
     with _TEXTS_LOCK:
         cached = _TEXTS.get(key)
         if cached is not None:

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from agentrun import retention, services, snapshots
 from agentrun.delta import state_hash
-from agentrun.models import Event, Run, Snapshot, Step, ToolCall
+from agentrun.models import Event, Run, SearchBlock, Snapshot, Step, ToolCall
 from tests.base import calls, drive, final, make_people, make_run, script
 
 pytestmark = pytest.mark.django_db
@@ -334,7 +334,7 @@ def test_the_beat_pass_purges_with_the_configured_retention_and_records_it(setti
 
 
 def test_the_purge_statements_name_the_models_tables():
-    tables = {m._meta.db_table for m in (ToolCall, Snapshot, Step)}
+    tables = {m._meta.db_table for m in (SearchBlock, ToolCall, Snapshot, Step)}
     named = {w for _, sql in retention.STATEMENTS for w in sql.split() if w.startswith("agentrun_")}
     assert named == tables
 

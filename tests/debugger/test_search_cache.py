@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from agentrun import callsearch
 from agentrun.models import Step, ToolCall
 from debugger import search
 from debugger.search import matching_steps
@@ -112,5 +113,6 @@ def test_text_no_result_can_hold_matches_nothing_not_even_across_two_results(peo
     assert text.steps_with("value-1") == set(
         Step.objects.filter(run=run, number__in=[1, *range(10, 20)]).values_list("pk", flat=True)
     )
-    assert text.steps_with("\x00") == set() == text.steps_with('-1"}\x00{"found')
+    sep = callsearch.CALL_SEP
+    assert text.steps_with("\x00") == set() == text.steps_with(f'-1"}}{sep}{{"found')
     assert text.steps_with('-1"}{"found') == set()

@@ -1,0 +1,35 @@
+"""A worker builds the stored search index of a long run when the run ends
+(agentrun.callsearch), and the search uses it."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrun import callsearch
+from agentrun.models import SearchBlock, Step
+from debugger import search
+from debugger.search import matching_steps
+from tests.base import calls, final, make_people, make_run, script
+from tests.workers import wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+
+def test_a_worker_builds_the_index_of_a_long_run_when_it_ends(start_worker, settings):
+    settings.AGENTRUN_SEARCH_INDEX_STEPS = 10
+    search.forget_call_texts()
+    n = 12
+    run = make_run(
+        script(*[calls({"tool": "echo", "args": {"n": f"needle-{i}"}}) for i in range(n)], final()),
+        user=make_people()["operator"],
+    )
+    start_worker(AGENTRUN_SEARCH_INDEX_STEPS="10")
+
+    wait_until(lambda: SearchBlock.objects.filter(run=run).exists(), timeout=60, what="the index")
+
+    run.refresh_from_db()
+    assert run.status == "succeeded"
+    step_7 = Step.objects.get(run=run, number=8).pk
+    version = callsearch.calls_version(run)
+    assert callsearch.indexed_steps_with(version, "needle-7") == {step_7}
+    assert matching_steps(run, q="NEEDLE-7") == {8}
