@@ -38,11 +38,14 @@ from agentrun.models import (
     Run,
     Snapshot,
     Step,
+    StepStatus,
     ToolCall,
+    ToolCallStatus,
 )
 from agentrun.redact import redact
 from agentrun.roles import can_operate, role_of
 from agentrun.storable import TEXT_PATTERN, parse_json
+from debugger import search
 
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
@@ -788,6 +791,64 @@ class _Rewound:
 )
 def get_open_api(request: HttpRequest) -> dict[str, Any]:
     return api.document()
+
+
+# --- search within a run (debugger.search) -----------------------------------------------
+
+SEARCH_PHASES = s.one_of(search.PHASES)
+SEARCH_CALL = s.one_of(ToolCallStatus.values)
+SEARCH_STEP = s.one_of(StepStatus.values)
+
+
+@api.get(
+    "/runs/{run_id}/search",
+    response={200: s.StepSearch, **_errors(400, 401, 403, 404)},
+    summary="The steps of a run that match a filter, as the run page's search",
+)
+def search_steps(
+    request: HttpRequest,
+    run_id: RunId,
+    q: Annotated[
+        str,
+        Query(
+            max_length=search.TEXT_MAX_CHARS,
+            pattern=TEXT_PATTERN,
+            description="Text in a thought, rationale, final answer, or a tool call's "
+            "arguments or result, in any case.",
+        ),
+    ] = "",
+    tool: Annotated[
+        str, Query(max_length=100, pattern=TEXT_PATTERN, description="A tool name.")
+    ] = "",
+    kind: Annotated[s.ToolKind | None, Query(description="A call of this kind.")] = None,
+    call: Annotated[SEARCH_CALL | None, Query(description="A call with this status.")] = None,  # type: ignore[valid-type]
+    status: Annotated[SEARCH_STEP | None, Query(description="The step's status.")] = None,  # type: ignore[valid-type]
+    phase: Annotated[SEARCH_PHASES | None, Query(description="The phase after the step.")] = None,  # type: ignore[valid-type]
+    retried: Annotated[bool, Query(description="Steps tried more than once.")] = False,
+    waits: Annotated[
+        bool, Query(description="Steps that waited (backoff, crash, approval, doubt).")
+    ] = False,
+) -> dict[str, Any]:
+    """Tool, kind and call status must hold for the same call. At least one criterion."""
+    run = _get_run(run_id)
+    given = {
+        "q": q,
+        "tool": tool,
+        "kind": kind,
+        "call": call,
+        "status": status,
+        "phase": phase,
+        "retried": "1" if retried else "",
+        "waits": "1" if waits else "",
+    }
+    form = search.StepSearchForm(run, {k: v for k, v in given.items() if v})
+    if not form.is_valid():
+        name, errors = next(iter(form.errors.items()))
+        raise ApiError(400, f"{name}: {errors[0]}", field=name)
+    if not form.active:
+        raise ApiError(400, "give at least one criterion: " + ", ".join(search.FIELDS))
+    steps = sorted(form.matches())
+    return {"run_id": run.pk, "steps": steps, "count": len(steps)}
 
 
 # --- f-watch: the history of one value -------------------------------------------------

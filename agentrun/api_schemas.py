@@ -543,6 +543,12 @@ class PathHistory(Response):
     snapshots_read: int = Field(description="Snapshots whose data the scan read.")
 
 
+class StepSearch(Response):
+    run_id: UUID
+    steps: list[int] = Field(description="The numbers of the steps that match, in order.")
+    count: int = Field(description="How many steps match.")
+
+
 # --- export and import (agentrun.archive) ----------------------------------------------
 
 

@@ -38,6 +38,7 @@ from debugger.timeline import WAIT_EVENTS
 PHASES = ("idle", "planning", "executing", "reflecting", "waiting", "done", "error")
 KINDS = ("read", "write", "hybrid")
 FIELDS = ("q", "tool", "kind", "call", "status", "phase", "retried", "waits")
+TEXT_MAX_CHARS = 200
 
 
 def _choices(values: Any, blank: str) -> list[tuple[str, str]]:
@@ -47,7 +48,7 @@ def _choices(values: Any, blank: str) -> list[tuple[str, str]]:
 class StepSearchForm(forms.Form):
     q = forms.CharField(
         required=False,
-        max_length=200,
+        max_length=TEXT_MAX_CHARS,
         label="Text",
         widget=forms.TextInput(
             attrs={"type": "search", "placeholder": "thought, rationale, args or result text"}
