@@ -829,26 +829,21 @@ def search_steps(
         bool, Query(description="Steps that waited (backoff, crash, approval, doubt).")
     ] = False,
 ) -> dict[str, Any]:
-    """Tool, kind and call status must hold for the same call. At least one criterion."""
+    """Tool, kind and call status must hold for the same call; no criterion: every step.
+    A tool the run never called matches no step."""
     run = _get_run(run_id)
-    given = {
-        "q": q,
-        "tool": tool,
-        "kind": kind,
-        "call": call,
-        "status": status,
-        "phase": phase,
-        "retried": "1" if retried else "",
-        "waits": "1" if waits else "",
-    }
-    form = search.StepSearchForm(run, {k: v for k, v in given.items() if v})
-    if not form.is_valid():
-        name, errors = next(iter(form.errors.items()))
-        raise ApiError(400, f"{name}: {errors[0]}", field=name)
-    if not form.active:
-        raise ApiError(400, "give at least one criterion: " + ", ".join(search.FIELDS))
-    steps = sorted(form.matches())
-    return {"run_id": run.pk, "steps": steps, "count": len(steps)}
+    steps = search.matching_steps(
+        run,
+        q=q.strip(),
+        tool=tool,
+        kind=kind or "",
+        call=call or "",
+        status=status or "",
+        phase=phase or "",
+        retried=retried,
+        waits=waits,
+    )
+    return {"run_id": run.pk, "steps": sorted(steps), "count": len(steps)}
 
 
 # --- f-watch: the history of one value -------------------------------------------------

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Max
+from django.db.models import Count, Max, Q
 
-from agentrun.models import ACTIVE_STATUSES, Run, SearchBlock, ToolCall
+from agentrun.models import ACTIVE_STATUSES, Run, SearchBlock, ToolCall, ToolCallStatus
 from agentrun.snapshots import inflate_results
 
 log = logging.getLogger(__name__)
@@ -57,17 +58,22 @@ def call_part(args: str, result: str | None) -> str:
     return (args if result is None else f"{args}{PART_SEP}{result}").lower()
 
 
-def stored_calls(run_id: Any, from_step_id: int = 0) -> list[tuple[int, str, str | None]]:
+def stored_calls(
+    run_id: Any, from_step_id: int = 0, below_step_id: int | None = None
+) -> list[tuple[int, str, str | None]]:
     """(step id, arguments as JSON text, result as JSON text or None) of a run's calls,
-    of the steps with an id from `from_step_id` on, by step: the one place that reads
-    ToolCall.result's stored form (models.CompressedJSONField) behind the field's back."""
+    of the steps with an id from `from_step_id` on (and below `below_step_id`), by step:
+    the one place that reads ToolCall.result's stored form (models.CompressedJSONField)
+    behind the field's back."""
     table = ToolCall._meta.db_table
     pg = connection.vendor == "postgresql"
+    below = "" if below_step_id is None else " AND step_id < %s"
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT step_id, {'args::text' if pg else 'args'}, result FROM {table} "  # noqa: S608 - names from the model
-            "WHERE run_id = %s AND step_id >= %s ORDER BY step_id, id",
-            [run_id if pg else run_id.hex, from_step_id],
+            f"WHERE run_id = %s AND step_id >= %s{below} ORDER BY step_id, id",
+            [run_id if pg else run_id.hex, from_step_id]
+            + ([] if below_step_id is None else [below_step_id]),
         )
         rows = cursor.fetchall()
     # A read's result is packed against its step's post delta (agentrun.models.pack):
@@ -86,14 +92,27 @@ def stored_calls(run_id: Any, from_step_id: int = 0) -> list[tuple[int, str, str
 
 def calls_version(run: Run) -> tuple[Any, ...]:
     """What the run's call text depends on: (run id, status, next step, purged at, the
-    calls' count, their last step id), read from toolcall_run_tool_args."""
-    calls = ToolCall.objects.filter(run_id=run.pk).aggregate(n=Count("*"), top=Max("step_id"))
-    return (run.pk, run.status, run.next_step, run.purged_at, calls["n"], calls["top"] or 0)
+    calls' count, their last step id, how many succeeded), read from
+    toolcall_run_tool_args alone. A call's text changes only with its status: a result
+    is written when the call succeeds (also after its run ended: a side effect that
+    finished after a cancel)."""
+    calls = ToolCall.objects.filter(run_id=run.pk).aggregate(
+        n=Count("*"), top=Max("step_id"), ok=Count("step", filter=Q(status=ToolCallStatus.OK))
+    )
+    return (
+        run.pk,
+        run.status,
+        run.next_step,
+        run.purged_at,
+        calls["n"],
+        calls["top"] or 0,
+        calls["ok"],
+    )
 
 
 def _stamp(version: tuple[Any, ...]) -> str:
-    _, status, next_step, purged_at, n, top = version
-    return f"{status}:{next_step}:{purged_at is not None}:{n}:{top}"
+    _, status, next_step, purged_at, n, top, ok = version
+    return f"{status}:{next_step}:{purged_at is not None}:{n}:{top}:{ok}"
 
 
 def indexable(run: Run) -> bool:
@@ -110,9 +129,16 @@ def indexable(run: Run) -> bool:
 # --- building it ---------------------------------------------------------------------------
 
 
+#: Steps whose calls a build reads at a time (its memory: their text and one block).
+BUILD_STEPS = 500
+
+
 def build(run_id: Any) -> int:
     """Write the run's index anew, if it should have one (else delete any); returns the
-    number of blocks written. Reads the whole call text: run by a worker, not a page."""
+    number of blocks written. Reads the whole call text, BUILD_STEPS steps at a time:
+    run by a worker, not a page. The new blocks are written under a version of their own
+    and take the index's place in one transaction at the end, if the run's calls are
+    still as they were read; a search meanwhile uses the old index or none."""
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         return 0
@@ -120,55 +146,63 @@ def build(run_id: Any) -> int:
         SearchBlock.objects.filter(run_id=run.pk).delete()
         return 0
     version = calls_version(run)
-    blocks: list[SearchBlock] = []
+    mine = f"building {uuid.uuid4()}"
+    step_ids = sorted(set(ToolCall.objects.filter(run_id=run.pk).values_list("step_id", flat=True)))
     parts: list[str] = []
     steps: list[str] = []
-    size = 0
+    size = written = 0
 
     def close() -> None:
-        nonlocal size
-        blocks.append(
-            SearchBlock(
-                run_id=run.pk,
-                version=_stamp(version),
-                steps=",".join(steps),
-                body=CALL_SEP.join(parts),
-            )
+        nonlocal size, written
+        SearchBlock.objects.create(
+            run_id=run.pk, version=mine, steps=",".join(steps), body=CALL_SEP.join(parts)
         )
+        written += 1
         parts.clear()
         steps.clear()
         size = 0
 
-    for step_id, args, result in stored_calls(run.pk):
-        part = call_part(args, result)
-        parts.append(part)
-        steps.append(str(step_id))
-        size += len(part) + 1
-        if size >= BLOCK_CHARS:
-            close()
-    if parts:
-        close()
-    with transaction.atomic():
-        # The run as read above, or the index would say so of calls it has not seen.
-        locked = Run.objects.select_for_update().filter(pk=run.pk).first()
-        SearchBlock.objects.filter(run_id=run.pk).delete()
-        if locked is None or calls_version(locked) != version:
-            return 0
-        SearchBlock.objects.bulk_create(blocks, batch_size=8)
-    return len(blocks)
+    try:
+        for at in range(0, len(step_ids), BUILD_STEPS):
+            below = step_ids[at + BUILD_STEPS] if at + BUILD_STEPS < len(step_ids) else None
+            for step_id, args, result in stored_calls(run.pk, step_ids[at], below):
+                part = call_part(args, result)
+                parts.append(part)
+                steps.append(str(step_id))
+                size += len(part) + 1
+                if size >= BLOCK_CHARS:
+                    close()
+        if parts or not written:
+            close()  # a run with no calls: one empty block, so the index exists
+        with transaction.atomic():
+            # The run as read above, or the index would say so of calls it has not seen.
+            locked = Run.objects.select_for_update(no_key=True).filter(pk=run.pk).first()
+            current = locked is not None and calls_version(locked) == version
+            stale = SearchBlock.objects.filter(run_id=run.pk)
+            if current:
+                stale = stale.exclude(version=mine)
+            stale.delete()
+            if not current:
+                return 0
+            SearchBlock.objects.filter(run_id=run.pk, version=mine).update(version=_stamp(version))
+    except BaseException:
+        SearchBlock.objects.filter(run_id=run.pk, version=mine).delete()
+        raise
+    return written
 
 
 _REQUESTED: set[Any] = set()
 
 
-def request(run: Run) -> None:
+def request(run: Run, version: tuple[Any, ...]) -> None:
     """Have a worker build the run's index, if it should have one (a search of a long run
-    that found none; at most once per run and process)."""
-    if not indexable(run) or run.pk in _REQUESTED:
+    that found none of this version; at most once per version and process)."""
+    key = (run.pk, _stamp(version))
+    if not indexable(run) or key in _REQUESTED:
         return
     if len(_REQUESTED) >= 10_000:
         _REQUESTED.clear()
-    _REQUESTED.add(run.pk)
+    _REQUESTED.add(key)
     send(run.pk)
 
 
@@ -182,9 +216,8 @@ def send(run_id: Any) -> None:
 
         try:
             search_index_task.delay(str(run_id))
-        except Exception:  # a search of the run asks again
+        except Exception:  # a search of the run in another process asks again
             log.exception("could not ask for the search index of %s", run_id)
-            _REQUESTED.discard(run_id)
 
     transaction.on_commit(later)
 
@@ -196,11 +229,9 @@ def indexed_steps_with(version: tuple[Any, ...], needle: str) -> set[int] | None
     """The step ids with a call whose text holds `needle` (lower-cased already), from the
     run's stored index; None when it has no index of this version."""
     run_id, stamp = version[0], _stamp(version)
-    if not SearchBlock.objects.filter(run_id=run_id, version=stamp).exists():
-        return None
     found: set[int] = set()
     if not searchable(needle):
-        return found
+        return found if _indexed(run_id, stamp) else None
     table = SearchBlock._meta.db_table
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -227,4 +258,15 @@ def indexed_steps_with(version: tuple[Any, ...], needle: str) -> set[int] | None
                 found.update(
                     int(ids[k]) for k, part in enumerate(body.split(CALL_SEP)) if needle in part
                 )
-    return found
+    # Found: the blocks were there. Not found: only if the index is (not one a build of
+    # another version replaced meanwhile).
+    return found if found or _indexed(run_id, stamp) else None
+
+
+def _indexed(run_id: Any, stamp: str) -> bool:
+    return SearchBlock.objects.filter(run_id=run_id, version=stamp).exists()
+
+
+def has_index(run: Run) -> bool:
+    """Whether the run has an index of its calls as they are now."""
+    return _indexed(run.pk, _stamp(calls_version(run)))

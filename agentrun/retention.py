@@ -38,6 +38,7 @@ from agentrun.models import (
     TERMINAL_STATUSES,
     Run,
     RunStatus,
+    SearchBlock,
     Snapshot,
     Step,
     ToolCall,
@@ -394,6 +395,7 @@ def _count_rows(run_id: Any, report: PurgeReport) -> None:
         ToolCall.objects.filter(run_id=run_id).exclude(kind__in=SIDE_EFFECT_KINDS).count()
     )
     report.snapshots += Snapshot.objects.filter(run_id=run_id).count()
+    report.search_blocks += SearchBlock.objects.filter(run_id=run_id).count()
     # Read calls go first, so only the steps of side-effecting calls stay.
     report.steps += (
         Step.objects.filter(run_id=run_id)

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agentrun import engine, storable
+from agentrun import callsearch, engine, storable
 from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.engine import compensate_run, enqueue
@@ -113,6 +113,8 @@ def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
         record_event("run_cancelled", run=run, user=user, reason=reason)
     run.refresh_from_db()
     compensate_run(run)
+    if callsearch.indexable(run):
+        callsearch.send(run.pk)  # a long run ended: its calls' text, indexed
     return run
 
 

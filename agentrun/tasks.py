@@ -23,7 +23,9 @@ def purge_task() -> dict:
     return retention.run_pass()
 
 
-@shared_task(name="agentrun.search_index")
+# Not acknowledged late: a build that took its worker down is not handed to the next one
+# (a search of the run asks again).
+@shared_task(name="agentrun.search_index", acks_late=False)
 def search_index_task(run_id: str) -> int:
     from agentrun import callsearch
 

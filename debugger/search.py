@@ -170,7 +170,7 @@ def call_steps_with(run: Run, text: str) -> set[int]:
         found = callsearch.indexed_steps_with(version, text.lower())
         if found is not None:
             return found
-        callsearch.request(run)  # ended before the index existed, imported, a lost message
+        callsearch.request(run, version)  # none yet, imported, a lost message, stale
     return (cached or call_text(run, version)).steps_with(text)
 
 

@@ -57,6 +57,11 @@ def test_the_other_criteria_alone_and_together(viewer, run):
     assert found(viewer, run, status="succeeded", phase="done") == [40]
 
 
+def test_no_criterion_is_every_step_and_a_tool_never_called_none(viewer, run):
+    assert found(viewer, run) == list(range(1, 41)) == found(viewer, run, q="  ")
+    assert found(viewer, run, tool="no_such_tool") == []
+
+
 def test_a_long_runs_stored_index_gives_the_same_answer(viewer, run, settings):
     before = found(viewer, run, q="value-1")
     settings.AGENTRUN_SEARCH_INDEX_STEPS = 10
@@ -69,9 +74,6 @@ def test_a_long_runs_stored_index_gives_the_same_answer(viewer, run, settings):
 @pytest.mark.parametrize(
     ("params", "field"),
     [
-        ({}, None),
-        ({"q": "   "}, None),
-        ({"tool": "no_such_tool"}, "tool"),
         ({"kind": "sideways"}, "kind"),
         ({"status": "sleeping"}, "status"),
         ({"q": "x" * 201}, "q"),

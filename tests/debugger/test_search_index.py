@@ -94,23 +94,66 @@ def test_the_index_finds_what_a_scan_finds_without_reading_the_calls(
     assert sent == [run.pk]
 
 
-def test_an_index_that_no_longer_matches_the_calls_is_not_used(
+def test_a_result_written_after_the_index_was_built_is_found(people, small_blocks, sent):
+    """A side effect still running when its run was cancelled writes its result late."""
+    run = long_run(people["operator"], 30, status="cancelled")
+    ToolCall.objects.filter(run=run, step__number=20, kind="write").update(
+        status="running", result=None
+    )
+    assert callsearch.build(run.pk) > 0
+    assert matching_steps(run, q='"ok":20') == set()
+
+    ToolCall.objects.filter(run=run, step__number=20, kind="write").update(
+        status="ok", result={"ok": 20, "late": True}
+    )
+
+    assert not callsearch.has_index(run)
+    assert matching_steps(run, q='"late":true') == {20}
+    assert sent == [run.pk]  # asked for again, for the calls as they are now
+
+
+def test_an_index_of_calls_since_deleted_is_not_used_then_rebuilt(
     people, small_blocks, sent, monkeypatch
 ):
     run = long_run(people["operator"], 30)
     callsearch.build(run.pk)
-    ToolCall.objects.filter(run=run, step__number=7).update(result={"found": "changed-7"})
     ToolCall.objects.filter(run=run, step__number=8).delete()
 
-    assert matching_steps(run, q="changed-7") == {7}
     assert matching_steps(run, q="value-8") == set()
-    # Rebuilt, it says so too, without a read.
     search.forget_call_texts()
     callsearch.build(run.pk)
     unread(monkeypatch)
-    assert matching_steps(run, q="changed-7") == {7}
     assert matching_steps(run, q="value-8") == set()
     assert matching_steps(run, q="value-9") == {9}
+
+
+def test_a_build_whose_run_changed_while_it_read_writes_nothing(people, small_blocks, monkeypatch):
+    run = long_run(people["operator"], 30)
+    callsearch.build(run.pk)
+    real = callsearch.stored_calls
+
+    def racing(run_id, *args):
+        rows = real(run_id, *args)
+        ToolCall.objects.filter(run=run, step__number=3).delete()  # meanwhile
+        return rows
+
+    monkeypatch.setattr(callsearch, "stored_calls", racing)
+
+    assert callsearch.build(run.pk) == 0
+    assert not SearchBlock.objects.filter(run=run).exists()  # the old one went too
+    monkeypatch.setattr(callsearch, "stored_calls", real)
+    assert matching_steps(run, q="value-3") == set()
+
+
+def test_a_long_run_without_calls_has_an_empty_index(people, small_blocks, sent, monkeypatch):
+    run = long_run(people["operator"], 12)
+    ToolCall.objects.filter(run=run).delete()
+
+    assert callsearch.build(run.pk) == 1
+    assert callsearch.has_index(run)
+    unread(monkeypatch)
+    assert matching_steps(run, q="value-3") == set()
+    assert sent == []
 
 
 def test_short_active_and_purged_runs_get_no_index(people, small_blocks, sent):
@@ -165,6 +208,10 @@ def test_the_command_builds_the_missing_indexes_of_long_finished_runs(people, sm
 
     assert {r for r in SearchBlock.objects.values_list("run_id", flat=True)} == {long.pk}
     assert f"{long.pk}: " in out.getvalue() and str(short.pk) not in out.getvalue()
+    ToolCall.objects.filter(run=long, step__number=4).delete()  # now stale
+    again = io.StringIO()
+    call_command("search_index", "--missing", stdout=again)
+    assert f"{long.pk}: " in again.getvalue() and callsearch.has_index(long)
     call_command("search_index", str(live.pk)[:8], stdout=out)
     assert not SearchBlock.objects.filter(run=live).exists()
     with pytest.raises(CommandError, match="run ids, or --missing"):

@@ -6,7 +6,7 @@ A worker builds a run's index when the run ends; this builds it for runs that en
 before the index existed, or were imported. With run ids: those runs (a run that
 should have no index, short or active or purged, has any it had deleted). With
 --missing: every finished, unpurged run of at least AGENTRUN_SEARCH_INDEX_STEPS steps
-that has none.
+with no index of its calls as they are now.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db.models import Exists, F, OuterRef
+from django.db.models import F
 
 from agentrun import callsearch
 from agentrun.management.commands.fork import find_run
-from agentrun.models import ACTIVE_STATUSES, Run, SearchBlock
+from agentrun.models import ACTIVE_STATUSES, Run
 
 
 class Command(BaseCommand):
@@ -47,10 +47,7 @@ class Command(BaseCommand):
                 .filter(length__gte=least)
             )
             runs += [
-                run
-                for run in long_ended.filter(
-                    ~Exists(SearchBlock.objects.filter(run_id=OuterRef("pk")))
-                ).order_by("created_at")
+                run for run in long_ended.order_by("created_at") if not callsearch.has_index(run)
             ]
         for run in runs:
             started = time.perf_counter()
