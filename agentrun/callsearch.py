@@ -175,16 +175,20 @@ def build(run_id: Any) -> int:
         if parts or not written:
             close()  # a run with no calls: one empty block, so the index exists
         with transaction.atomic():
-            # The run as read above, or the index would say so of calls it has not seen.
+            # The run as read above, or the index would say so of calls it has not seen;
+            # and all our blocks: a build that ended meanwhile deleted those written
+            # before it, and its index stands.
             locked = Run.objects.select_for_update(no_key=True).filter(pk=run.pk).first()
             current = locked is not None and calls_version(locked) == version
-            stale = SearchBlock.objects.filter(run_id=run.pk)
-            if current:
-                stale = stale.exclude(version=mine)
-            stale.delete()
+            ours = SearchBlock.objects.filter(run_id=run.pk, version=mine)
             if not current:
+                SearchBlock.objects.filter(run_id=run.pk).delete()
                 return 0
-            SearchBlock.objects.filter(run_id=run.pk, version=mine).update(version=_stamp(version))
+            if ours.count() != written:
+                ours.delete()
+                return 0
+            SearchBlock.objects.filter(run_id=run.pk).exclude(version=mine).delete()
+            ours.update(version=_stamp(version))
     except BaseException:
         SearchBlock.objects.filter(run_id=run.pk, version=mine).delete()
         raise

@@ -145,6 +145,32 @@ def test_a_build_whose_run_changed_while_it_read_writes_nothing(people, small_bl
     assert matching_steps(run, q="value-3") == set()
 
 
+def test_of_two_builds_at_once_the_one_that_ends_first_stands_whole(
+    people, small_blocks, monkeypatch
+):
+    run = sample_run(people["operator"])
+    scanned = {needle: matching_steps(run, q=needle) for needle in NEEDLES}
+    search.forget_call_texts()
+    monkeypatch.setattr(callsearch, "BUILD_STEPS", 10)
+    real = callsearch.stored_calls
+    reads: list[int] = []
+    other: list[int] = []
+
+    def interleaved(run_id, *args):
+        reads.append(1)
+        if len(reads) == 3:  # this build has written blocks: another one runs whole
+            other.append(callsearch.build(run_id))
+        return real(run_id, *args)
+
+    monkeypatch.setattr(callsearch, "stored_calls", interleaved)
+
+    assert callsearch.build(run.pk) == 0
+    assert other[0] == SearchBlock.objects.filter(run=run).count() > 5
+    assert callsearch.has_index(run)
+    unread(monkeypatch)
+    assert {needle: matching_steps(run, q=needle) for needle in NEEDLES} == scanned
+
+
 def test_a_long_run_without_calls_has_an_empty_index(people, small_blocks, sent, monkeypatch):
     run = long_run(people["operator"], 12)
     ToolCall.objects.filter(run=run).delete()
