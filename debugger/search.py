@@ -153,11 +153,11 @@ def matching_steps(
 # stored as an index that SQL searches. Otherwise a search reads a run's calls once into
 # this process's memory (CallText: lower-cased, callsearch's separators between calls and
 # between a call's arguments and result) and finds text there with str.find. The entry
-# stays valid while the run's (status, next step, purge) and its calls' (count, last step)
-# stay the same, checked by one query on toolcall_run_tool_args; while the run is live, a
-# change re-reads only the calls of its last cached step and of the steps after it (a
-# step's calls are final once it commits). Bounded by the text's size, least recently
-# used out first.
+# stays valid while the run's (status, next step, purge) and its calls' (count, last step,
+# successes) stay the same (callsearch.calls_version: one query on toolcall_run_tool_args);
+# while the run is live, a change re-reads only the calls of its last cached step and of
+# the steps after it (a step's calls are final once it commits). Bounded by the text's
+# size, least recently used out first.
 
 
 def call_steps_with(run: Run, text: str) -> set[int]:
