@@ -12,14 +12,15 @@ run is searched in one of two ways.
   PostgreSQL decompresses and searches itself (lz4; 45 ms at 10,000 steps, however many
   steps match), so even a process's first search of the run is fast. It costs bytes
   (about 1.5 KB a step for the benchmark's workload), which is why short runs, whose
-  scan is as fast, have none. A worker builds it when the run ends (`send`), and a
-  search of a long run that finds none asks for it (`request`: an imported run, a lost
-  message);
-  `manage.py search_index` builds it for runs that ended before it existed.
+  scan is as fast, have none. A worker builds it when the run ends or is cancelled
+  (`send`), and a search of a long run that finds none asks for it (`request`: an
+  imported run, a lost message, an index gone stale); `manage.py search_index` builds
+  it by hand.
 
-The index is valid while the run's calls are as they were when it was built: `version`
-holds the run's status, next step and the calls' count and last step id, and a search
-uses the index only when they still match. The purge deletes it with the results.
+The index is valid while the run's calls are as they were when it was built: its
+version holds the run's status, next step and purge mark, and the calls' count, last
+step id and successes (`calls_version`); a search uses the index only when they still
+match. The purge deletes it with the results.
 
 In either text, a raw control character cannot occur (JSON escapes them), so the calls
 are separated by CALL_SEP, and a call's arguments from its result by PART_SEP; a needle
