@@ -1,6 +1,9 @@
 import pytest
+from django.test import Client
 
 from agentrun.celery import app as celery_app
+from agentrun.models import ApiToken
+from tests.base import make_people
 from tests.workers import Worker
 
 
@@ -20,3 +23,15 @@ def start_worker(tmp_path, settings):
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def people(db):
+    """The named people of tests.base (a module may define its own)."""
+    return make_people()
+
+
+@pytest.fixture
+def viewer(people):
+    """An API client with the viewer's token."""
+    return Client(HTTP_AUTHORIZATION=f"Bearer {ApiToken.issue(people['viewer'])}")

@@ -8,20 +8,9 @@ import pytest
 from django.test import Client
 
 from agentrun import services, snapshots
-from agentrun.models import ApiToken
-from tests.base import drive, make_people, play_incident
+from tests.base import drive, play_incident
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def people():
-    return make_people()
-
-
-@pytest.fixture
-def viewer(people):
-    return Client(HTTP_AUTHORIZATION=f"Bearer {ApiToken.issue(people['viewer'])}")
 
 
 @pytest.fixture

@@ -6,22 +6,10 @@ import pytest
 from django.test import Client
 
 from agentrun import callsearch
-from agentrun.models import ApiToken
 from debugger import search
-from tests.base import make_people
 from tests.debugger.long_runs import long_run
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def people():
-    return make_people()
-
-
-@pytest.fixture
-def viewer(people):
-    return Client(HTTP_AUTHORIZATION=f"Bearer {ApiToken.issue(people['viewer'])}")
 
 
 @pytest.fixture
