@@ -23,6 +23,12 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+_isal_zlib: Any
+try:  # ISA-L's inflate (the isal package): zlib's streams, faster; see _decompress
+    from isal import isal_zlib as _isal_zlib
+except ImportError:  # no wheel for this platform: zlib does the same work
+    _isal_zlib = None
+
 
 class RunStatus(models.TextChoices):
     QUEUED = "queued"
@@ -454,6 +460,18 @@ def _unpack(blob: bytes, zdict: bytes, window: int) -> bytes | None:
     return text
 
 
+def _decompress(blob: bytes) -> bytes:
+    """zlib.decompress, by ISA-L when it is installed: it inflates the same stream in
+    about half the time (most of a long watch's scan, a whole history's, an export's).
+    Errors are zlib's own (a damaged value is then inflated again by zlib to say why)."""
+    if _isal_zlib is not None:
+        try:
+            return _isal_zlib.decompress(blob)
+        except _isal_zlib.error:
+            pass
+    return zlib.decompress(blob)
+
+
 def inflate(blob: bytes, zdicts: dict[bytes, bytes] | None = None) -> bytes:
     """The JSON text (UTF-8) of a compressed column's stored bytes; `zdicts`: dictionaries
     at hand (else from memory or the database)."""
@@ -461,7 +479,7 @@ def inflate(blob: bytes, zdicts: dict[bytes, bytes] | None = None) -> bytes:
         blob = bytes(blob)
     window = _WINDOWS.get(blob[:1])
     if window is None:
-        return zlib.decompress(blob)
+        return _decompress(blob)
     key = blob[1:_LOCATOR]
     zdict = (zdicts or _TAILS).get(key)
     text = None if zdict is None else _unpack(blob, zdict, window)

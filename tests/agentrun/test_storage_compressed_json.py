@@ -8,6 +8,7 @@ import pytest
 from django.db import connection
 from hypothesis import HealthCheck, given, settings
 
+from agentrun import models
 from agentrun.models import Run, Snapshot, Step, ToolCall
 from tests.agentrun.test_delta import json_values
 
@@ -157,3 +158,15 @@ def test_a_row_inserted_with_raw_sql_through_the_field_reads_back_through_the_mo
 def test_nan_is_refused_rather_than_stored_as_something_else(run):
     with pytest.raises(ValueError):
         snapshot_with(run, {"x": math.nan})
+
+
+def test_a_damaged_value_is_refused_with_zlibs_own_error_whichever_inflater_reads_it():
+    """models.inflate reads plain values with ISA-L when it is installed (the project
+    depends on it); a damaged or cut value still raises zlib.error, which callers catch."""
+    text = json.dumps({"notes": ["the quick brown fox"] * 50}).encode()
+    stored = zlib.compress(text)
+    assert models._isal_zlib is not None, "isal is a dependency: it should be installed"
+    assert models.inflate(stored) == text
+    for damaged in (stored[: len(stored) // 2], stored[:10] + b"\x00" * 20 + stored[30:]):
+        with pytest.raises(zlib.error):
+            models.inflate(damaged)
