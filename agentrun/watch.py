@@ -320,6 +320,16 @@ def _reaches(op_path: Sequence[Any], path: Path) -> bool:
     return True
 
 
+def _reaching(ops: list, path: Path) -> list:
+    """The ops that reach `path` (`_reaches`). Most ops of a delta are under another key
+    of the state: those are passed over on their first key, without a call each (a
+    negative index or a whole history reads every delta of a run)."""
+    if not path or type(path[0]) is not str:
+        return [op for op in ops if _reaches(op[1], path)]
+    first = path[0]
+    return [op for op in ops if (not op[1] or op[1][0] == first) and _reaches(op[1], path)]
+
+
 def _relation(op: list, path: Path) -> str:
     """How an op reaching path touched it: set, del, ancestor-splice, ancestor, inside, sibling."""
     op_path = op[1]
@@ -513,7 +523,7 @@ class _Scan:
                 continue
             self.read += 1
             if kind == SnapshotKind.DELTA:
-                ops = [op for op in data if _reaches(op[1], self.path)]
+                ops = _reaching(data, self.path)
                 if not ops:
                     continue
                 before = resolve(state, self.path)
@@ -636,7 +646,7 @@ def _touching(
             return
         batch = picked[at : at + size]
         at += size
-        data = _data(run_id, [row for row in batch if row[5]], keyframes)
+        data = _data(run_id, [row for row in batch if row[5]], keyframes, path)
         for seq, step, at_, kind, paths, hit in batch:
             if not hit:
                 yield seq, step, at_, kind, _SPLICED_AFTER, paths
@@ -644,7 +654,9 @@ def _touching(
                 yield seq, step, at_, kind, data[seq], paths
 
 
-def _data(run_id: Any, rows: list[tuple[Any, ...]], keyframes: list[int]) -> dict[int, Any]:
+def _data(
+    run_id: Any, rows: list[tuple[Any, ...]], keyframes: list[int], path: Path
+) -> dict[int, Any]:
     """The data of these rows (seq, ...) of a run, by seq. Rows that are at least a
     quarter of their seq span, REF rows included (about half of a run's other rows: a
     value every step changes, as under a negative index), come from reads of the chain
@@ -669,12 +681,63 @@ def _data(run_id: Any, rows: list[tuple[Any, ...]], keyframes: list[int]) -> dic
         parts[-1][1] = seq - 1
         parts.append([seq if seq in keep else seq + 1, hi])
     out: dict[int, Any] = {}
+    reaching = ops_reaching(path)
+    # Rows whose index has the whole state's line (or no index: written before it).
+    rooted = {row[0] for row in rows if not row[4] or "\n$\n" in row[4] or "\n$~" in row[4]}
     for first, last in parts:
         texts = snapshots.chain_texts(run_id, first, last, keep=keep) if first <= last else ()
-        for seq, _, text in texts:
-            if text is not None:
-                out[seq] = json.loads(text)
+        for seq, kind, text in texts:
+            if text is None:
+                continue
+            out[seq] = (
+                reaching(text, seq in rooted) if kind == SnapshotKind.DELTA else json.loads(text)
+            )
     return out
+
+
+_DECODER = json.JSONDecoder()
+#: A change of the whole state: its op's path is empty.
+_ROOT_OP = '",[]'
+#: Keys that compact JSON writes as they are (printable ASCII but quote and backslash).
+_PLAIN_KEY = re.compile(r"[ !#-\[\]-~]+")
+
+
+def ops_reaching(path: Path) -> Callable[..., list]:
+    """A delta's JSON text -> its ops that can reach `path` (`_reaches`), without parsing
+    the ops after the last one that can. An op that reaches a path under the state's
+    key K holds K in its own path, and compact JSON writes a plain key as "K", so the
+    ops after the last "K" in the text can't reach it (but for a change of the whole
+    state, looked for there unless `root` is False: the snapshot's index of paths says
+    it has none). The ops before it are parsed one at a time: a "K" alone
+    may lie in a value. A step's delta is mostly other values (a tool's result, a
+    message), and parsing them was much of a dense scan's time."""
+    key = path[0] if path else None
+
+    def whole(text: Any, root: bool = True) -> list:
+        return [op for op in json.loads(text) if _reaches(op[1], path)]
+
+    if type(key) is not str or not _PLAIN_KEY.fullmatch(key):
+        return whole
+    needle = '"' + key + '"'
+    decode = _DECODER.raw_decode
+
+    def cut(text: bytes, root: bool = True) -> list:
+        s = text.decode("utf-8", "surrogatepass")
+        last = s.rfind(needle)
+        if s[:1] != "[" or (root and s.find(_ROOT_OP, max(last, 0)) >= 0):
+            return whole(s)
+        ops = []
+        at = 1
+        while at <= last:
+            op, end = decode(s, at)
+            if type(op) is not list or len(op) < 2 or s[end : end + 1] not in (",", "]"):
+                return whole(s)
+            if _reaches(op[1], path):
+                ops.append(op)
+            at = end + 1
+        return ops
+
+    return cut
 
 
 #: Fewer rows than this are read through the ORM, however dense.
@@ -813,7 +876,7 @@ def _now_from_keyframe(run: Run, path: Path, upto_seq: int | None, scan: _Scan) 
             continue
         scan.read += 1
         if kind == SnapshotKind.DELTA:
-            ops = [op for op in data if _reaches(op[1], path)]
+            ops = _reaching(data, path)
             state = work.apply(state, ops, run.pk, step, at) if ops else state
         elif kind == SnapshotKind.FULL:
             state = work.whole(data)
