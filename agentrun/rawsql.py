@@ -357,21 +357,24 @@ def _numbered(sql: str) -> str:
 
 
 @cache
-def _preparing_cursor() -> type:
+def _preparing_cursor(binary: bool = False) -> type:
     import psycopg
 
     class PreparingCursor(psycopg.RawCursor):
         """Prepares every statement: the hot path has a handful of shapes, run per step,
-        and Django turns psycopg's automatic preparing off for poolers' sake."""
+        and Django turns psycopg's automatic preparing off for poolers' sake. `binary`:
+        results in PostgreSQL's binary format (a bytea arrives as its bytes, not as hex
+        text twice as long that the driver then decodes)."""
 
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
             kwargs.setdefault("prepare", True)
+            kwargs.setdefault("binary", binary)
             return super().execute(query, params, **kwargs)
 
     return PreparingCursor
 
 
-def _cursor(conn: Any) -> CursorWrapper:
+def _cursor(conn: Any, binary: bool = False) -> CursorWrapper:
     """On PostgreSQL a cursor that sends the statement as is, with $n placeholders and
     the values bound on the server (no client-side parsing of a long statement, and
     psycopg prepares a statement used often), wrapped as Django wraps its own cursors
@@ -379,7 +382,7 @@ def _cursor(conn: Any) -> CursorWrapper:
     conn.ensure_connection()
     if conn.vendor != "postgresql":
         return conn.cursor()
-    return CursorWrapper(_preparing_cursor()(conn.connection), conn)
+    return CursorWrapper(_preparing_cursor(binary)(conn.connection), conn)
 
 
 def run_statement(sql: str, params: list[Any], conn: Any = None) -> Any:
@@ -400,12 +403,16 @@ def run_statement(sql: str, params: list[Any], conn: Any = None) -> Any:
         return cursor.cursor.fetchone()
 
 
-def fetch_all(sql: str, params: list[Any], conn: Any = None) -> list[tuple[Any, ...]]:
+def fetch_all(
+    sql: str, params: list[Any], conn: Any = None, binary: bool = False
+) -> list[tuple[Any, ...]]:
     """Every row of one read statement, as the driver returns them (no ORM conversion):
-    for a read of many rows whose columns the caller decodes itself."""
+    for a read of many rows whose columns the caller decodes itself. `binary`: in
+    PostgreSQL's binary format (for many bytes of bytea: half the bytes on the wire and
+    no hex to decode; the columns must be of types the driver reads in binary)."""
     conn = conn or db()
     if conn.vendor == "postgresql":
         sql = _numbered(sql)
-    with _cursor(conn) as cursor:
+    with _cursor(conn, binary) as cursor:
         cursor.execute(sql, params)
         return cursor.cursor.fetchall()

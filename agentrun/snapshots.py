@@ -351,7 +351,7 @@ def chain_texts(
     deltas are not inflated (keyframes are: the deltas after them are packed against them)."""
     known = _keyframe_text(run_id, first_seq)
     params = [first_seq, known[0] if known else b"", rawsql.prep(Snapshot, "run_id", run_id)]
-    rows = rawsql.fetch_all(_chain_sql(refs), [*params, first_seq, last_seq])
+    rows = rawsql.fetch_all(_chain_sql(refs), [*params, first_seq, last_seq], binary=True)
     inflater = Inflater()
     for seq, kind, blob, digest in rows:
         if keep is not None and seq not in keep and kind != SnapshotKind.FULL:

@@ -517,24 +517,27 @@ class _Scan:
             start = Start(run.pk, step, at, resolve(state, self.path))
             self.start = start
         first_seq = seq
-        for seq, step, at, kind, data, paths in _touching(run.pk, self.path, first_seq, upto_seq):
+        run_id = run.pk
+        now: Any = _UNKNOWN  # the value at the path in `state`, once a row has resolved it
+        for seq, step, at, kind, data, paths in _touching(run_id, self.path, first_seq, upto_seq):
             if data is _SPLICED_AFTER:
                 state = work.skipped(state)
+                now = _UNKNOWN
                 continue
             self.read += 1
             if kind == SnapshotKind.DELTA:
-                ops = _reaching(data, self.path)
-                if not ops:
+                if not data:  # (a delta's data here: its ops that reach the path)
                     continue
-                before = resolve(state, self.path)
-                state = work.apply(state, ops, run.pk, step, at)
-                how = partial(self._how, ops, edit=at == "pre")  # words for a change only
+                before = resolve(state, self.path) if now is _UNKNOWN else now
+                state = work.apply(state, data, run_id, step, at)
+                how = partial(self._how, data, edit=at == "pre")  # words for a change only
             elif kind == SnapshotKind.FULL:
-                before, state = resolve(state, self.path), work.whole(data)
+                before = resolve(state, self.path) if now is _UNKNOWN else now
+                state = work.whole(data)
                 how = self._how_from_index(paths)
             else:
                 continue
-            self._record(run.pk, step, at, seq, before, state, how, inherited)
+            now = self._record(run_id, step, at, seq, before, state, how, inherited)
         return state, start
 
     def _record(
@@ -547,10 +550,11 @@ class _Scan:
         state: Any,
         how: tuple[str, str] | Callable[[], tuple[str, str]],
         inherited: bool,
-    ) -> None:
+    ) -> Any:
+        """Record a change if the value at the path differs from `before`; the value now."""
         after = resolve(state, self.path)
         if same(before, after):
-            return
+            return after
         if callable(how):
             how = how()
         if before is MISSING:
@@ -565,6 +569,7 @@ class _Scan:
         if self.limit is not None and len(self.changes) > self.limit and self.past:
             self.stopped = True
             raise _Enough
+        return after
 
     def _how(self, ops: list, *, edit: bool) -> tuple[str, str]:
         """(kind for a value that changed, words) from the ops that reached the path."""
@@ -626,7 +631,9 @@ def _touching(
     run_id: Any, path: Path, after_seq: int, upto_seq: int | None
 ) -> Iterable[tuple[Any, ...]]:
     """The run's snapshots after after_seq (up to upto_seq) that may have changed the
-    value at path, oldest first: (seq, step, at, kind, data, paths).
+    value at path, oldest first: (seq, step, at, kind, data, paths). A delta's data is
+    its ops that can reach the path (`_reaching`); a keyframe's, its state (read from
+    the chain, it holds only the path's first key: see state_along).
 
     One query reads the index (the snapshots' paths, no data) and this process picks the
     rows from it (a dozen LIKEs a row cost PostgreSQL more than the read); their data is
@@ -669,10 +676,12 @@ def _data(
         return {}
     lo, hi = rows[0][0], rows[-1][0]
     if len(rows) < _DENSE_MIN or len(rows) * 4 < hi - lo + 1:
-        wanted = [row[0] for row in rows]
-        return dict(
-            Snapshot.objects.filter(run_id=run_id, seq__in=wanted).values_list("seq", "data")
-        )
+        deltas = {row[0] for row in rows if row[3] == SnapshotKind.DELTA}
+        found = Snapshot.objects.filter(run_id=run_id, seq__in=[row[0] for row in rows])
+        return {
+            seq: _reaching(data, path) if seq in deltas else data
+            for seq, data in found.values_list("seq", "data")
+        }
     from agentrun import snapshots  # noqa: PLC0415 - snapshots imports this module
 
     keep = {row[0] for row in rows}
@@ -681,7 +690,7 @@ def _data(
         parts[-1][1] = seq - 1
         parts.append([seq if seq in keep else seq + 1, hi])
     out: dict[int, Any] = {}
-    reaching = ops_reaching(path)
+    reaching, held = ops_reaching(path), state_along(path)
     # Rows whose index has the whole state's line (or no index: written before it).
     rooted = {row[0] for row in rows if not row[4] or "\n$\n" in row[4] or "\n$~" in row[4]}
     for first, last in parts:
@@ -690,9 +699,39 @@ def _data(
             if text is None:
                 continue
             out[seq] = (
-                reaching(text, seq in rooted) if kind == SnapshotKind.DELTA else json.loads(text)
+                reaching(text, seq in rooted) if kind == SnapshotKind.DELTA else held(text)
             )
     return out
+
+
+def state_along(path: Path) -> Callable[[bytes], Any]:
+    """A keyframe's JSON text -> its state holding only the watched path's first key (its
+    value whole), parsed up to that key's value: the working state need be right only
+    along the path, and the state of a long run is mostly other keys."""
+    key = path[0] if path else None
+    if type(key) is not str:
+        return json.loads
+    decode = _DECODER.raw_decode
+
+    def held(text: bytes) -> Any:
+        s = text.decode("utf-8", "surrogatepass")
+        if s[:1] != "{" or s[1:2] == "}":
+            return json.loads(s)
+        at = 1
+        while True:
+            name, end = decode(s, at)
+            if type(name) is not str or s[end : end + 1] != ":":
+                return json.loads(s)
+            value, end = decode(s, end + 1)
+            if name == key:
+                return {key: value}
+            if s[end : end + 1] == "}":
+                return {}
+            if s[end : end + 1] != ",":
+                return json.loads(s)
+            at = end + 1
+
+    return held
 
 
 _DECODER = json.JSONDecoder()
@@ -876,8 +915,7 @@ def _now_from_keyframe(run: Run, path: Path, upto_seq: int | None, scan: _Scan) 
             continue
         scan.read += 1
         if kind == SnapshotKind.DELTA:
-            ops = _reaching(data, path)
-            state = work.apply(state, ops, run.pk, step, at) if ops else state
+            state = work.apply(state, data, run.pk, step, at) if data else state
         elif kind == SnapshotKind.FULL:
             state = work.whole(data)
     return resolve(state, path)
