@@ -698,9 +698,7 @@ def _data(
         for seq, kind, text in texts:
             if text is None:
                 continue
-            out[seq] = (
-                reaching(text, seq in rooted) if kind == SnapshotKind.DELTA else held(text)
-            )
+            out[seq] = reaching(text, seq in rooted) if kind == SnapshotKind.DELTA else held(text)
     return out
 
 
