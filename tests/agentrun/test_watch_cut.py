@@ -10,7 +10,7 @@ import random
 import pytest
 
 from agentrun import watch
-from agentrun.models import json_text
+from agentrun.models import Snapshot, json_text
 from agentrun.watch import parse_path
 from tests.agentrun.test_watch import chain, rebuilt_changes
 
@@ -79,7 +79,8 @@ def test_the_ops_after_the_last_mention_of_the_key_are_not_parsed():
 
 
 @pytest.mark.django_db
-def test_a_dense_history_beside_values_that_look_like_ops_on_its_path(monkeypatch):
+@pytest.mark.parametrize("pad", [True, False], ids=["deltas", "with-keyframes"])
+def test_a_dense_history_beside_values_that_look_like_ops_on_its_path(monkeypatch, pad):
     """log[-1].n changes at every step, read from the chain in one pass; the other keys
     hold op-like lists and texts that name "log", before and after it in the deltas."""
     rng = random.Random(3)
@@ -88,7 +89,9 @@ def test_a_dense_history_beside_values_that_look_like_ops_on_its_path(monkeypatc
         prev = states[-1]
         log = [*prev["log"], {"n": step}] if rng.random() < 0.8 else prev["log"]
         states.append({"a": rng.choice(DECOYS), "log": log, "z": [step, rng.choice(DECOYS)]})
-    run = chain(*states)
+    run = chain(*states, pad=pad)
+    if not pad:
+        assert Snapshot.objects.filter(run=run, kind="full").count() > 3
     cut = []
     real = watch.ops_reaching
 
@@ -102,3 +105,21 @@ def test_a_dense_history_beside_values_that_look_like_ops_on_its_path(monkeypatc
         got = watch.history(run, path)
         assert [(c.step, c.before, c.after) for c in got.changes] == rebuilt_changes(run, path)
     assert len(cut) > 80, "the deltas were not read through the chain"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_keyframe_read_for_a_watch_holds_the_watched_key_whole_and_nothing_else(seed):
+    rng = random.Random(seed)
+    for _ in range(200):
+        keys = rng.sample(["log", "other", 'a"b', "café", "z", "logs"], rng.randint(0, 6))
+        state = {k: rng.choice([*DECOYS, {"log": DECOYS}, None, 0]) for k in keys}
+        text = json_text(state).encode()
+        for key in ("log", 'a"b', "café", "missing"):
+            held = watch.state_along((key, 0))(text)
+            assert held == ({key: state[key]} if key in state else {}), (key, state)
+        assert watch.state_along(())(text) == state
+
+
+def test_a_keyframe_that_is_not_an_object_is_read_whole():
+    for value in ([1, 2], "text", 3, None):
+        assert watch.state_along(("log",))(json_text(value).encode()) == value
