@@ -516,6 +516,8 @@ class Inflater:
         if type(blob) is not bytes:
             blob = bytes(blob)
         window = _WINDOWS.get(blob[:1])
+        if window is None:  # not packed: a plain zlib stream
+            return _decompress(blob)
         zdict = self.zdicts.get(blob[1:_LOCATOR])
         # A zlib header with a preset dictionary: 2 bytes and the dictionary's checksum.
         head = blob[_LOCATOR : _LOCATOR + 6]
