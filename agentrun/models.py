@@ -463,8 +463,9 @@ def _unpack(blob: bytes, zdict: bytes, window: int) -> bytes | None:
 def _decompress(blob: bytes) -> bytes:
     """zlib.decompress, by ISA-L when it is installed: it inflates the same stream in
     about half the time (most of a long watch's scan, a whole history's, an export's).
-    Errors are zlib's own (a damaged value is then inflated again by zlib to say why)."""
-    if _isal_zlib is not None:
+    Errors are zlib's own (a damaged value is then inflated again by zlib to say why).
+    A header whose window size zlib refuses (over 32 KiB) goes to zlib: ISA-L ignores it."""
+    if _isal_zlib is not None and blob[:1] and blob[0] >> 4 <= 7:
         try:
             return _isal_zlib.decompress(blob)
         except _isal_zlib.error:

@@ -167,6 +167,12 @@ def test_a_damaged_value_is_refused_with_zlibs_own_error_whichever_inflater_read
     stored = zlib.compress(text)
     assert models._isal_zlib is not None, "isal is a dependency: it should be installed"
     assert models.inflate(stored) == text
-    for damaged in (stored[: len(stored) // 2], stored[:10] + b"\x00" * 20 + stored[30:]):
+    bad_window = b"\xf8\x9b" + stored[2:]  # a header zlib refuses: a 64 KiB window and more
+    for damaged in (
+        stored[: len(stored) // 2],
+        stored[:10] + b"\x00" * 20 + stored[30:],
+        bad_window,
+        b"",
+    ):
         with pytest.raises(zlib.error):
             models.inflate(damaged)
