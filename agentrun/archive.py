@@ -49,6 +49,7 @@ from agentrun.models import (
     inflate_many,
 )
 from agentrun.state import SCHEMA_VERSION
+from agentrun.watch import touched_paths
 
 FORMAT = "agentrun-run-archive"
 FORMAT_VERSION = 1
@@ -842,7 +843,12 @@ class _Writer:
             return
         run_id = self.run.pk if self.run else None
         if kind == "snapshot":
-            self.pending.append(_build(Snapshot, SNAPSHOT_FIELDS, record, where, run_id=run_id))
+            snap = _build(Snapshot, SNAPSHOT_FIELDS, record, where, run_id=run_id)
+            if snap.kind in (SnapshotKind.DELTA, SnapshotKind.FORK) and isinstance(snap.data, list):
+                # The index of what a change touched is derived, and no hash covers it: made
+                # again from the ops, so an archive can't hide a change from a watch.
+                snap.paths = touched_paths(snap.data)
+            self.pending.append(snap)
         elif kind == "step":
             self.pending.append(_build(Step, STEP_FIELDS, record, where, run_id=run_id))
         elif kind == "tool_call":

@@ -213,3 +213,25 @@ def test_labels_travel_with_the_run_and_retention_state_does_not():
         "ticket": "INC-7",
     }
     assert imported.pinned_at is None
+
+
+def test_an_archives_index_of_paths_is_made_again_from_the_ops_it_cannot_hide_a_change():
+    """No hash covers Snapshot.paths: an archive that says a delta touched nothing still
+    imports a run whose watch finds the delta's change."""
+    from agentrun import watch
+
+    run = archives.finished_run()
+    path = watch.parse_path("iteration")
+    before = [(c.step, c.at, c.before, c.after) for c in watch.history(run, path).changes]
+    recs = archives.records(archives.export_bytes(run))
+    edited = [r for r in recs if r["type"] == "snapshot" and r["kind"] == "delta"]
+    assert edited, "the run has deltas"
+    for r in edited:
+        r["paths"] = "\n$/nothing\n"
+    forget(run)
+    (imported,) = archives.import_bytes(archives.pack(recs))
+    after = [(c.step, c.at, c.before, c.after) for c in watch.history(imported, path).changes]
+    assert after == before
+    assert len(before) >= 3, before
+    stored = Snapshot.objects.filter(run=imported, kind=SnapshotKind.DELTA)
+    assert all("$/iteration" in p for p in stored.values_list("paths", flat=True))
