@@ -800,16 +800,20 @@ def _matcher(path: Path) -> Any:
     front = _front(path)
     shift = _line(front.keys) + "~" if front is not None else None
 
+    # One search of the whole text for a line that may reach the path: a line (framed by
+    # newlines) equal to one of `exact`, or that starts with one of `below`.
+    reaches = re.compile(
+        "\n(?:"
+        + "|".join([*(re.escape(line) + "\n" for line in sorted(exact)), *map(re.escape, below)])
+        + ")"
+    ).search
+
     def match(paths: str) -> bool | None:
-        if not paths:
+        if not paths or reaches(paths):
             return True
-        shifted = None
-        for line in paths.split("\n"):
-            if line in exact or line.startswith(below):
-                return True
-            if shift is not None and line.startswith(shift):
-                shifted = False
-        return shifted
+        if shift is not None and "\n" + shift in paths:
+            return False
+        return None
 
     return match
 
