@@ -621,6 +621,8 @@ class Checked:
     sha256: str
     snapshots: int = 0
     steps: int = 0
+    # A keyframe's index of paths, made from the state before it: (run, seq) -> paths.
+    keyframe_paths: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
 def _check_manifest(record: dict[str, Any]) -> dict[str, Any]:
@@ -666,6 +668,7 @@ class _Checker:
         # Fork sources inside the archive: (run, seq) -> (state, node), kept as they pass.
         self.sources: dict[tuple[str, int], tuple[Any, hashing.Node]] = {}
         self.wanted: set[tuple[str, int]] = set()
+        self.keyframe_paths: dict[tuple[str, int], str] = {}
 
     def record(self, number: int, record: dict[str, Any]) -> None:
         kind = record["type"]
@@ -742,6 +745,12 @@ class _Checker:
                 f"{where}: the state of the {snap.at} snapshot of step {snap.step} of run "
                 f"{run.summary['id']} doesn't match its hash: the archive was changed or damaged"
             )
+        if snap.kind == SnapshotKind.FULL:
+            # What the keyframe's step changed, as snapshots.encode indexes it: no hash
+            # covers the archive's own index of paths.
+            self.keyframe_paths[(run.summary["id"], snap.seq)] = (
+                snapshots.WHOLE if run.node is None else touched_paths(delta.diff(run.state, state))
+            )
         run.seq, run.state, run.node = snap.seq, state, node
         key = (run.summary["id"], snap.seq)
         if key in self.wanted:
@@ -812,6 +821,7 @@ def check(stream: IO[bytes]) -> Checked:
         sha256=sha.hexdigest(),
         snapshots=sum(c["snapshots"] for c in counts),
         steps=sum(c["steps"] for c in counts),
+        keyframe_paths=checker.keyframe_paths,
     )
 
 
@@ -844,10 +854,14 @@ class _Writer:
         run_id = self.run.pk if self.run else None
         if kind == "snapshot":
             snap = _build(Snapshot, SNAPSHOT_FIELDS, record, where, run_id=run_id)
+            # The index of what a change touched is derived, and no hash covers it: made
+            # again from the ops (a keyframe's in pass one), so an archive can't hide a
+            # change from a watch.
             if snap.kind in (SnapshotKind.DELTA, SnapshotKind.FORK) and isinstance(snap.data, list):
-                # The index of what a change touched is derived, and no hash covers it: made
-                # again from the ops, so an archive can't hide a change from a watch.
                 snap.paths = touched_paths(snap.data)
+            elif snap.kind == SnapshotKind.FULL:
+                key = (str(run_id), snap.seq)
+                snap.paths = self.checked.keyframe_paths.get(key, snap.paths)
             self.pending.append(snap)
         elif kind == "step":
             self.pending.append(_build(Step, STEP_FIELDS, record, where, run_id=run_id))

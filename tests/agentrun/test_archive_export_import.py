@@ -215,17 +215,20 @@ def test_labels_travel_with_the_run_and_retention_state_does_not():
     assert imported.pinned_at is None
 
 
-def test_an_archives_index_of_paths_is_made_again_from_the_ops_it_cannot_hide_a_change():
-    """No hash covers Snapshot.paths: an archive that says a delta touched nothing still
-    imports a run whose watch finds the delta's change."""
+def test_an_archives_index_of_paths_is_made_again_it_cannot_hide_a_change():
+    """No hash covers Snapshot.paths: an archive that says its deltas and keyframes touched
+    nothing still imports a run whose watch finds every change, with the index the run
+    had (a delta's from its ops, a keyframe's from the state before it)."""
     from agentrun import watch
 
     run = archives.finished_run()
     path = watch.parse_path("iteration")
     before = [(c.step, c.at, c.before, c.after) for c in watch.history(run, path).changes]
+    index = dict(Snapshot.objects.filter(run=run).values_list("seq", "paths"))
     recs = archives.records(archives.export_bytes(run))
-    edited = [r for r in recs if r["type"] == "snapshot" and r["kind"] == "delta"]
-    assert edited, "the run has deltas"
+    edited = [r for r in recs if r["type"] == "snapshot" and r["kind"] in ("delta", "full")]
+    assert {r["kind"] for r in edited} == {"delta", "full"}
+    assert any(r["kind"] == "full" and r["seq"] > 2 for r in edited), "a keyframe after the first"
     for r in edited:
         r["paths"] = "\n$/nothing\n"
     forget(run)
@@ -233,5 +236,5 @@ def test_an_archives_index_of_paths_is_made_again_from_the_ops_it_cannot_hide_a_
     after = [(c.step, c.at, c.before, c.after) for c in watch.history(imported, path).changes]
     assert after == before
     assert len(before) >= 3, before
-    stored = Snapshot.objects.filter(run=imported, kind=SnapshotKind.DELTA)
-    assert all("$/iteration" in p for p in stored.values_list("paths", flat=True))
+    kept = Snapshot.objects.filter(run=imported, kind__in=[SnapshotKind.DELTA, SnapshotKind.FULL])
+    assert dict(kept.values_list("seq", "paths")) == {r["seq"]: index[r["seq"]] for r in edited}
