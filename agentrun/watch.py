@@ -251,6 +251,13 @@ def touched_paths(ops: Iterable[Any]) -> str:
     return "\n" + "\n".join(sorted(lines)) + "\n"
 
 
+def may_change_whole(paths: str | None) -> bool:
+    """Whether a snapshot whose Snapshot.paths is `paths` may hold an op on the whole
+    state: its index has the whole state's line (set, or spliced), or it has no index
+    (written before the column)."""
+    return not paths or "\n$\n" in paths or "\n$~" in paths
+
+
 @dataclass(frozen=True)
 class _Front:
     """The first list on a watched path that goes on to its item `index` (≥ 0), only keys
@@ -703,8 +710,7 @@ def _data(
         parts.append([seq if seq in keep else seq + 1, hi])
     out: dict[int, Any] = {}
     reaching, held = ops_reaching(path), state_along(path)
-    # Rows whose index has the whole state's line (or no index: written before it).
-    rooted = {row[0] for row in rows if not row[4] or "\n$\n" in row[4] or "\n$~" in row[4]}
+    rooted = {row[0] for row in rows if may_change_whole(row[4])}
     for first, last in parts:
         texts = snapshots.chain_texts(run_id, first, last, keep=keep) if first <= last else ()
         for seq, kind, text in texts:
@@ -763,7 +769,7 @@ def ops_reaching(path: Path) -> Callable[..., list]:
     key = path[0] if path else None
 
     def whole(text: Any, root: bool = True) -> list:
-        return [op for op in json.loads(text) if _reaches(op[1], path)]
+        return _reaching(json.loads(text), path)
 
     if type(key) is not str or not _PLAIN_KEY.fullmatch(key):
         return whole
