@@ -9,17 +9,19 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from html import escape  # the stdlib's: same escaping as Django's, without the lazy wrapper
+from itertools import starmap
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, F, FloatField, Func, Max, Min, Sum
+from django.db.models import Count, Max, Min, Q, Sum
 from django.db.models.fields.json import KT
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.safestring import SafeString, mark_safe
 
+from agentrun import rawsql
 from agentrun.models import (
     Event,
     Run,
@@ -432,24 +434,38 @@ def _did_rank(did: int) -> int:
 _DID_RANKS = tuple(_did_rank(did) for did in range(16))
 
 
-class WallMs(Func):
-    """Milliseconds from a step's first claim to its commit, computed by the database
-    (10,000 datetimes converted in Python cost more than the rest of the page)."""
-
-    output_field = FloatField()
-
-    def __init__(self) -> None:
-        super().__init__(F("finished_at"), F("started_at"))
-
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        template = "CAST(EXTRACT(EPOCH FROM (%(expressions)s)) * 1000 AS double precision)"
-        return super().as_sql(compiler, connection, template=template, arg_joiner=" - ", **extra)
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        template = "((julianday(%(expressions)s)) * 86400000.0)"
-        return super().as_sql(
-            compiler, connection, template=template, arg_joiner=") - julianday(", **extra
-        )
+@lru_cache(maxsize=2)
+def _marks_sql(vendor: str) -> str:
+    """One row per step of a run, in order, as Mark takes it: (number, status, phase,
+    attempts, duration_ms, state_size, wall_ms, did). The database does the per-step work
+    (10,000 rows converted or joined in Python cost more than the rest of the page): the
+    wall time from the first claim to the commit, and what the step did, from its calls
+    (grouped by step and joined) and its answer. Parameters: the run's id, twice."""
+    step, call = rawsql.table(Step), rawsql.table(ToolCall)
+    s = partial(rawsql.column, Step)
+    c = partial(rawsql.column, ToolCall)
+    finished, started = f"s.{s('finished_at')}", f"s.{s('started_at')}"
+    if vendor == "postgresql":
+        wall = f"CAST(EXTRACT(EPOCH FROM ({finished} - {started})) * 1000 AS double precision)"
+    else:
+        wall = f"((julianday({finished}) - julianday({started})) * 86400000.0)"
+    bits = " + ".join(
+        f"MAX(CASE WHEN {c('kind')} = '{kind}' THEN {bit} ELSE 0 END)"
+        for kind, bit in KIND_BITS.items()
+    )
+    answer = (
+        f"CASE WHEN s.{s('phase_after')} = 'done' AND s.{s('status')} = "
+        f"'{StepStatus.SUCCEEDED.value}' THEN {DID_ANSWER} ELSE 0 END"
+    )
+    return (
+        f"SELECT s.{s('number')}, s.{s('status')}, "  # noqa: S608 - names from the models
+        f"COALESCE(NULLIF(s.{s('phase_after')}, ''), NULLIF(s.{s('phase_before')}, ''), ''), "
+        f"s.{s('attempts')}, s.{s('duration_ms')}, s.{s('state_size')}, {wall}, "
+        f"COALESCE(d.did, 0) + {answer} "
+        f"FROM {step} s LEFT JOIN (SELECT {c('step')} AS step_id, {bits} AS did FROM {call} "
+        f"WHERE {c('run')} = %s GROUP BY {c('step')}) d ON d.step_id = s.{s('id')} "
+        f"WHERE s.{s('run')} = %s ORDER BY s.{s('number')}"
+    )
 
 
 class Marks(list[Mark]):
@@ -524,58 +540,24 @@ def forget_marks() -> None:
 
 
 def read_marks(run: Run) -> Marks:
-    """Every step of the run, in order: three cheap queries on indexed columns, read
-    raw (Django's per-row conversions cost more than the queries at 10,000 rows)."""
+    """Every step of the run, in order: one query of a row per step (`_marks_sql`, read
+    raw: Django's per-row conversions cost more than the query at 10,000 rows) and a few
+    cheap ones on indexed columns."""
     now = timezone.now()
-    by_id: dict[int, Mark] = {}
-    out = Marks()
-    unfinished = []
-    query = (
-        Step.objects.filter(run=run)
-        .order_by("number")
-        .values_list(
-            "pk",
-            "number",
-            "status",
-            "phase_before",
-            "phase_after",
-            "attempts",
-            "duration_ms",
-            "state_size",
-            WallMs(),
-        )
-        .query
-    )
-    sql, params = query.sql_with_params()
-    with connection.cursor() as cursor:  # no per-row converters: plain numbers and text
-        cursor.execute(sql, params)
-        step_rows = cursor.fetchall()
-    # Plain strings and bound methods: this loop runs once per step.
+    run_id = rawsql.prep(Step, "run", run.pk)
+    rows = rawsql.fetch_all(_marks_sql(connection.vendor), [run_id, run_id], binary=True)
+    out = Marks(starmap(Mark, rows))
+    # Still running or waiting: the wall time counts to now.
     open_statuses = (StepStatus.RUNNING.value, StepStatus.WAITING.value)
-    succeeded, append = StepStatus.SUCCEEDED.value, out.append
-    for pk, number, status, before, after, attempts, duration, size, wall in step_rows:
-        mark = Mark(number, status, after or before or "", attempts, duration, size, wall)
-        if wall is None and status in open_statuses:
-            unfinished.append(pk)
-        if after == "done" and status == succeeded:
-            mark.did = DID_ANSWER
-        by_id[pk] = mark
-        append(mark)
-    for pk, started in Step.objects.filter(pk__in=unfinished).values_list("pk", "started_at"):
-        by_id[pk].wall_ms = (now - started).total_seconds() * 1000  # still running or waiting
-    out.moving = bool(unfinished)  # a wall time counted to now
-    # No order: the model's ordering would join the run and the step and sort 10,000 rows.
-    calls = ToolCall.objects.filter(run=run).order_by().values_list("step_id", "kind")
-    sql, params = calls.query.sql_with_params()
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        call_rows = cursor.fetchall()
-    out.calls = len(call_rows)
-    out.side_effects = sum(1 for _, kind in call_rows if kind in SIDE_EFFECT_KINDS)
-    for step_id, kind in call_rows:
-        caller = by_id.get(step_id)
-        if caller is not None:
-            caller.did |= KIND_BITS.get(kind, 0)
+    unfinished = {m.number: m for m in out if m.wall_ms is None and m.status in open_statuses}
+    if unfinished:
+        started = Step.objects.filter(run=run, number__in=list(unfinished))
+        for number, at in started.values_list("number", "started_at"):
+            unfinished[number].wall_ms = (now - at).total_seconds() * 1000
+    out.moving = bool(unfinished)
+    calls = ToolCall.objects.filter(run=run).order_by()
+    counts = calls.aggregate(n=Count("*"), side=Count("pk", filter=Q(kind__in=SIDE_EFFECT_KINDS)))
+    out.calls, out.side_effects = counts["n"], counts["side"]
     waits = list(
         Event.objects.filter(run=run, kind__in=WAIT_EVENTS, step__isnull=False).values_list(
             "step", "kind", "payload"

@@ -259,3 +259,87 @@ def test_a_purged_runs_steps_are_read_again(people):
     Run.objects.filter(pk=run.pk).update(purged_at=timezone.now())
     run.refresh_from_db()
     assert len(timeline.marks(run)) == 101
+
+
+def _marks_from_the_orm(run: Run) -> list[tuple]:
+    """What read_marks must say, from the model objects, one step at a time."""
+    from django.utils import timezone
+
+    from agentrun.models import Event, Step, ToolCall
+
+    now = timezone.now()
+    bits = {"read": timeline.DID_READ, "write": timeline.DID_WRITE, "hybrid": timeline.DID_HYBRID}
+    out = []
+    for step in Step.objects.filter(run=run).order_by("number"):
+        did = 0
+        for call in ToolCall.objects.filter(step=step):
+            did |= bits.get(call.kind, 0)
+        if step.phase_after == "done" and step.status == "succeeded":
+            did |= timeline.DID_ANSWER
+        if step.finished_at is not None:
+            wall = (step.finished_at - step.started_at).total_seconds() * 1000
+        elif step.status in ("running", "waiting"):
+            wall = (now - step.started_at).total_seconds() * 1000
+        else:
+            wall = None
+        waits = Event.objects.filter(run=run, step=step.number, kind__in=timeline.WAIT_EVENTS)
+        backoff = sum(
+            e.payload.get(timeline.BACKOFF_EVENTS.get(e.kind, ""), 0) * 1000 for e in waits
+        )
+        phase = step.phase_after or step.phase_before or ""
+        out.append(
+            (step.number, step.status, phase, step.attempts, step.duration_ms, step.state_size)
+            + (wall, did, backoff, waits.exists())
+        )
+    return out
+
+
+def test_a_runs_marks_say_what_its_steps_calls_and_waits_say(people):
+    """read_marks has the database join the calls and compute the wall times: every
+    field of every mark against the same read from the model objects, one step at a
+    time, for every kind of call, a step with two kinds, an answer, a failure, an open
+    step, a step with no phase after it and the wait events."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agentrun.models import Event, Step, ToolCall
+
+    run = long_run(people["operator"], 40, backoff={7: 7.5}, retried=(9,))
+    now = timezone.now()
+    open_step = Step.objects.create(
+        run=run, number=41, status="running", started_at=now - timedelta(seconds=3)
+    )
+    Step.objects.filter(run=run, number=12).update(phase_after="", phase_before="reflecting")
+    Step.objects.filter(run=run, number=13).update(status="failed", finished_at=None)
+    step_20 = Step.objects.get(run=run, number=20)  # a read and a write already
+    ToolCall.objects.create(
+        run=run, step=step_20, index=2, tool="reserve", kind="hybrid", args={}, args_hash="0a",
+        idempotency_key=f"{run.pk}:20:2:reserve", status="ok",
+    )  # fmt: skip
+    ToolCall.objects.create(
+        run=run, step=open_step, index=0, tool="reserve", kind="hybrid", args={}, args_hash="0b",
+        idempotency_key=f"{run.pk}:41:0:reserve", status="running",
+    )  # fmt: skip
+    Event.objects.create(
+        run=run, step=41, kind="step_crashed", actor="system", payload={"retry_in_s": 2.0}
+    )
+    run.refresh_from_db()
+    marks = timeline.read_marks(run)
+    got = [
+        (m.number, m.status, m.phase, m.attempts, m.duration_ms, m.state_size)
+        + (m.wall_ms, m.did, m.backoff_ms, m.waited)
+        for m in marks
+    ]
+    want = _marks_from_the_orm(run)
+    assert [g[:6] + g[7:] for g in got] == [w[:6] + w[7:] for w in want]
+    for g, w in zip(got, want, strict=True):  # the open step's wall time counts to now
+        assert (g[6] is None) == (w[6] is None)
+        if g[6] is not None:
+            assert abs(g[6] - w[6]) < (5_000 if g[0] == 41 else 0.1), g[0]  # julianday: 0.02 ms
+    assert {m.number for m in marks if m.did & timeline.DID_HYBRID} == {20, 41}
+    assert marks[-1].wall_ms >= 3000 and marks.moving
+    assert marks.calls == ToolCall.objects.filter(run=run).count()
+    assert (
+        marks.side_effects == ToolCall.objects.filter(run=run, kind__in=("write", "hybrid")).count()
+    )
