@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agentrun import callsearch, engine, storable
+from agentrun import callsearch, compaction, engine, storable
 from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.engine import compensate_run, enqueue
@@ -115,6 +115,8 @@ def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
     compensate_run(run)
     if callsearch.indexable(run):
         callsearch.send(run.pk)  # a long run ended: its calls' text, indexed
+    if compaction.compactable(run):
+        compaction.send(run.pk)  # and its deltas regrouped
     return run
 
 

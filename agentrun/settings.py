@@ -293,6 +293,10 @@ AGENTRUN_SEARCH_CACHE_MB = env_int("AGENTRUN_SEARCH_CACHE_MB", 64)
 # 0.4 s, for about 1.5 KB a step. Shorter runs are scanned as fast without one. 0: none.
 AGENTRUN_SEARCH_INDEX_STEPS = env_int("AGENTRUN_SEARCH_INDEX_STEPS", 2000)
 
+# A run that ends with at least this many steps has its deltas regrouped by a worker
+# (agentrun.compaction): a third fewer bytes, and its history reads back faster. 0: never.
+AGENTRUN_COMPACT_STEPS = env_int("AGENTRUN_COMPACT_STEPS", 1000)
+
 # Importing a run's archive (agentrun.archive): the archive's size as uploaded, what it
 # may inflate to (a gzip bomb stops here, not in memory) and its longest line (one record).
 AGENTRUN_IMPORT_MAX_BYTES = env_int("AGENTRUN_IMPORT_MAX_BYTES", 1024**3)

@@ -37,6 +37,7 @@ from django.db.models.base import ModelState
 from agentrun import delta, hashing, rawsql
 from agentrun.models import (
     FULL_WINDOW,
+    GROUP,
     CompressedJSONField,
     Inflater,
     Prepared,
@@ -348,13 +349,16 @@ def chain_texts(
     keyframe at first_seq whose text this process read before (_KEYFRAMES) is not sent
     again: the row's hash says it is the same text (a run deleted and imported again
     under its id may hold another). `keep`: only these rows are yielded, and the other
-    deltas are not inflated (keyframes are: the deltas after them are packed against them)."""
+    deltas are not inflated (keyframes are: the deltas after them are packed against them;
+    so are the holders of regrouped deltas, agentrun.compaction)."""
     known = _keyframe_text(run_id, first_seq)
     params = [first_seq, known[0] if known else b"", rawsql.prep(Snapshot, "run_id", run_id)]
     rows = rawsql.fetch_all(_chain_sql(refs), [*params, first_seq, last_seq], binary=True)
     inflater = Inflater()
     for seq, kind, blob, digest in rows:
-        if keep is not None and seq not in keep and kind != SnapshotKind.FULL:
+        # (A regrouped delta's holder is read too: the rows after it are parts of its text.)
+        held = kind == SnapshotKind.FULL or (blob is not None and blob[:1] == GROUP)
+        if keep is not None and seq not in keep and not held:
             continue
         if blob is not None:
             text = inflater(blob)

@@ -30,3 +30,10 @@ def search_index_task(run_id: str) -> int:
     from agentrun import callsearch
 
     return callsearch.build(run_id)
+
+
+@shared_task(name="agentrun.compact", acks_late=False)
+def compact_task(run_id: str) -> int:
+    from agentrun import compaction
+
+    return compaction.compact(run_id)

@@ -2,7 +2,7 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/<a database of its own> \\
         .venv/bin/python bench/bench_watch.py [--steps 10000] [--repeat 5] [--no-state-agent]
-        [--state-agent-only] [--state-runs K] [--interleaved K] [--worker-gc]
+        [--state-agent-only] [--state-runs K] [--interleaved K] [--worker-gc] [--regrouped]
 
 1. A StateAgent step's cost at step 100 and at step 10,000: the `workload_state` agent
    (bench/state_agent.py: the workload's steps on the typed AgentState) runs N steps
@@ -19,6 +19,8 @@
    on a new database connection. The workload runs' snapshots are written as the engine
    writes them (snapshots.build: a REF pre and a delta or keyframe post per step) without
    running the steps, which would take minutes and change nothing that is read here.
+   With --regrouped, every run's deltas are regrouped first (agentrun.compaction, as a
+   worker does when a long run ends), and the histories read that.
 
 It migrates the database and deletes the runs it made (and only those) at the start of
 each case. Prints a markdown table; nothing is asserted.
@@ -126,7 +128,10 @@ def snapshot_chain(variant: str, n: int) -> Run:
     from bench.wl import workload
 
     run = Run.objects.create(
-        agent="workload", input={"variant": variant, "n": n, "label": LABEL}, status="succeeded"
+        agent="workload",
+        input={"variant": variant, "n": n, "label": LABEL},
+        status="succeeded",
+        next_step=n + 1,
     )
     state = workload.initial_state(variant)
     first, node = snapshots.build(run.pk, 1, "pre", state, None, None)
@@ -145,6 +150,35 @@ def snapshot_chain(variant: str, n: int) -> Run:
     Snapshot.objects.bulk_create(batch)
     assert hashing.build(state).hex == prev.hash
     return run
+
+
+def regroup(runs: Any) -> None:
+    """Regroup each run's deltas (agentrun.compaction); print the time and the bytes."""
+    from django.db.models import BinaryField, ExpressionWrapper, F, Sum
+    from django.db.models.functions import Length
+
+    from agentrun import compaction
+    from agentrun.models import Snapshot
+
+    settings.AGENTRUN_COMPACT_STEPS = 1
+    raw = Length(ExpressionWrapper(F("data"), output_field=BinaryField()))
+
+    def delta_bytes(run: Run) -> int:
+        rows = Snapshot.objects.filter(run=run, kind="delta")
+        return rows.aggregate(b=Sum(raw))["b"] or 0
+
+    print("\n| run | deltas regrouped | in | delta bytes before | after |")
+    print("|---|---|---|---|---|")
+    for run in runs:
+        before = delta_bytes(run)
+        t = time.perf_counter()
+        done = compaction.compact(run.pk)
+        took = time.perf_counter() - t
+        print(
+            f"| {run.agent} ({run.input.get('variant', '')}) | {done:,} | {took:.1f} s "
+            f"| {before:,} | {delta_bytes(run):,} |",
+            flush=True,
+        )
 
 
 def window(times: list[float], lo: int, hi: int) -> tuple[float, float]:
@@ -199,6 +233,12 @@ def main() -> None:
         action="store_true",
         help="the garbage collector as a worker process sets it (agentrun.celery): startup "
         "objects frozen, a young collection every 10,000 new objects",
+    )
+    parser.add_argument(
+        "--regrouped",
+        action="store_true",
+        help="regroup the runs' deltas first (agentrun.compaction, as a worker does when a "
+        "long run ends) and measure the histories on that",
     )
     args = parser.parse_args()
     if args.worker_gc:
@@ -266,6 +306,8 @@ def main() -> None:
     if args.state_agent_only:
         return
 
+    if args.regrouped:
+        regroup(runs.values())
     page = max(50, watch.COUNTED)  # what GET /api/runs/{id}/history and the page ask for
     print(
         f"\n| run | path | first page ({page}): wall / CPU | changes | read "

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import IntegrityError
 from django.utils import timezone
 
-from agentrun import callsearch, hashing, rawsql, snapshots
+from agentrun import callsearch, compaction, hashing, rawsql, snapshots
 from agentrun.agents import CallResult, Decision
 from agentrun.engine.cache import cache_put
 from agentrun.engine.compensate import compensate_run
@@ -243,8 +243,12 @@ def _write_post(
         ctx.next = _chained(ctx, next_step, next_pre, post_state, node, run_changes)
     elif not terminal:
         enqueue(ctx.run.pk, number + 1)
-    elif 0 < settings.AGENTRUN_SEARCH_INDEX_STEPS <= number + 1 - ctx.run.first_step:
-        callsearch.send(ctx.run.pk)  # a long run ended: its calls' text, indexed
+    else:  # a long run ended: its calls' text indexed, its deltas regrouped
+        steps = number + 1 - ctx.run.first_step
+        if 0 < settings.AGENTRUN_SEARCH_INDEX_STEPS <= steps:
+            callsearch.send(ctx.run.pk)
+        if 0 < settings.AGENTRUN_COMPACT_STEPS <= steps:
+            compaction.send(ctx.run.pk)
     cache_put(str(ctx.run.pk), snap.seq, snap.hash, post_state, node, snap.size)
     status = "failed" if failure else ("finished" if terminal else "committed")
     return Outcome(status, str(ctx.run.pk), number)
