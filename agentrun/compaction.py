@@ -14,11 +14,11 @@ turns a grouped value into the same text.
 - **Which runs.** Ended (not queued, running or waiting), not purged, with at least
   AGENTRUN_COMPACT_STEPS steps. The worker that commits the run's last step asks for it
   (`send`), and so does a cancel; `manage.py compact` does it by hand.
-- **Which rows.** Deltas only: keyframes stay as they are (the deltas written after a
-  retry of a crashed step are packed against them), and a group never spans a keyframe
+- **Which rows.** Deltas only: keyframes stay as they are (a delta left alone, a group
+  of one, is still packed against its keyframe's text), and a group never spans a keyframe
   or a fork's first row, so a read that starts at a keyframe meets each group's holder
-  before its other members. A delta that is grouped already is left alone, so a second
-  pass groups only what was added since (a failed run whose crashed step was retried).
+  before its other members. A group holds at most GROUP_MAX_BYTES of text. A delta that
+  is grouped already is left alone: a second pass writes nothing.
 - **A transaction a group.** Each group's rows are rewritten at once, with the run's
   row locked and its state checked again, and only if none of them was regrouped
   meanwhile: a reader sees a group before or after, never between, and the transactions
@@ -46,8 +46,8 @@ from agentrun.models import (
     Run,
     Snapshot,
     SnapshotKind,
+    group_parts,
     group_value,
-    inflate,
     is_grouped,
     slice_value,
 )
@@ -57,8 +57,10 @@ log = logging.getLogger(__name__)
 #: A value's first byte, which says whether it is grouped already.
 _HEAD = Substr(F("data"), 1, 1, output_field=BinaryField())
 
-#: Deltas per group: 64 stores within 3% of 256 and keeps a group's text near 200 KB.
+#: Deltas per group: 64 stores within 3% of 256 and keeps a group's text near 200 KB on
+#: the benchmark's runs; and at most this many bytes of text (a state of large values).
 GROUP_SIZE = 64
+GROUP_MAX_BYTES = 1024 * 1024
 
 
 def compactable(run: Run) -> bool:
@@ -119,10 +121,11 @@ def _write(run_id: Any, members: list[tuple[int, int, int]], texts: dict[int, by
         rows.append(Snapshot(pk=pk, data=value))
         values.append(value)
         at = end
-    # Every delta must read back as it did, before anything is written.
-    for value, (_, seq, _) in zip(values, members, strict=True):
-        if inflate(bytes(value)) != texts[seq]:
-            raise RuntimeError(f"regrouping run {run_id} would change delta {seq}; not written")
+    # Every delta must read back as it did, before anything is written (from the new
+    # values alone: a check that went through the process's cache could meet another
+    # thread's eviction, or look the holder up in the table, where it is not yet).
+    if group_parts([bytes(v) for v in values]) != [texts[seq] for _, seq, _ in members]:
+        raise RuntimeError(f"regrouping run {run_id} would change its deltas; not written")
     with transaction.atomic():
         # FOR NO KEY UPDATE: rows that refer to the run (an event) can still be added.
         run = Run.objects.select_for_update(no_key=True).filter(pk=run_id).first()
@@ -139,32 +142,36 @@ def _write(run_id: Any, members: list[tuple[int, int, int]], texts: dict[int, by
     return len(rows)
 
 
-def _groups(run_id: Any, size: int) -> list[list[tuple[int, int, int]]]:
+def _groups(run_id: Any, count: int) -> list[list[tuple[int, int, int]]]:
     """The run's deltas to regroup, as lists of (pk, seq, keyframe seq): consecutive deltas not grouped
-    yet, cut at every other row with data (a keyframe, a fork's first row) and at
-    grouped ones. A group of one is left as it is."""
+    yet, at most `count` of them and GROUP_MAX_BYTES of text (as `stored_bytes` says), cut
+    at every other row with data (a keyframe, a fork's first row) and at grouped ones. A
+    group of one is left as it is."""
     rows = (
         Snapshot.objects.filter(run_id=run_id)
         .exclude(kind=SnapshotKind.REF)
         .order_by("seq")
-        .values_list("pk", "seq", "keyframe_seq", "kind", _HEAD)
+        .values_list("pk", "seq", "keyframe_seq", "kind", "stored_bytes", _HEAD)
     )
     groups: list[list[tuple[int, int, int]]] = []
     current: list[tuple[int, int, int]] = []
-    for pk, seq, keyframe, kind, first in rows:
+    held = 0  # the text bytes of `current`
+    for pk, seq, keyframe, kind, size, first in rows:
         if kind != SnapshotKind.DELTA or first is None or is_grouped(bytes(first)):
             if len(current) > 1:
                 groups.append(current)
             current = []
             continue
-        if current and keyframe != _keyframe(current):  # (a keyframe with no data: a purge)
+        # A new keyframe (one with no data: a purge under way), or bytes enough.
+        if current and (keyframe != _keyframe(current) or held + size > GROUP_MAX_BYTES):
             if len(current) > 1:
                 groups.append(current)
-            current = []
+            current, held = [], 0
         current.append((pk, seq, keyframe))
-        if len(current) == size:
+        held += size
+        if len(current) == count:
             groups.append(current)
-            current = []
+            current, held = [], 0
     if len(current) > 1:
         groups.append(current)
     return groups

@@ -480,14 +480,16 @@ def _decompress(blob: bytes) -> bytes:
 # and a scan of the run inflates a third as long (bench/bench_grouped_deltas.py).
 # - the holder: GROUP, the locator of its own row, the head, then the zlib stream;
 # - every other member: SLICE, the locator of the holder's row, the head;
-# the head is the CRC-32 of the group's text and where the member's text lies in it
-# (start, end; 4 bytes each, big-endian). The CRC catches a group that is not the one a
-# slice was cut from (a run deleted and imported again under its id, compacted again).
+# the head is the CRC-32 and the length of the group's text, and where the member's text
+# lies in it (start, end); 4 bytes each, big-endian. CRC and length tell a group that is
+# not the one a slice was cut from (a run deleted and imported again under its id, and
+# regrouped again).
 GROUP, SLICE = b"\x04", b"\x03"
-_GROUP_HEAD = struct.Struct(">III")
+_GROUP_HEAD = struct.Struct(">IIII")
 GROUP_HEADER = _LOCATOR + _GROUP_HEAD.size
 
-# The text of recently read groups, by locator: (CRC-32, text). Bounded by bytes.
+# The text of recently read groups, by locator: (CRC-32, text). Bounded by bytes; a text
+# over a quarter of the bound is not kept (a group is cut at GROUP_MAX_BYTES anyway).
 _GROUPS: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
 _GROUPS_MAX_BYTES = 32 * 1024 * 1024
 _GROUPS_BYTES = 0
@@ -497,23 +499,44 @@ _GROUPS_LOCK = threading.Lock()
 def group_value(run_id: Any, seq: int, text: bytes, start: int, end: int, level: int) -> Prepared:
     """The stored value of a group's holder, snapshot `seq` of `run_id`: `text` is the
     group's, the holder's own lies at [start, end)."""
-    head = _GROUP_HEAD.pack(zlib.crc32(text), start, end)
+    head = _GROUP_HEAD.pack(zlib.crc32(text), len(text), start, end)
     return Prepared(GROUP + _key(run_id, seq) + head + zlib.compress(text, level))
 
 
 def slice_value(run_id: Any, holder_seq: int, text: bytes, start: int, end: int) -> Prepared:
     """The stored value of a group's member other than the holder."""
-    return Prepared(
-        SLICE + _key(run_id, holder_seq) + _GROUP_HEAD.pack(zlib.crc32(text), start, end)
-    )
+    head = _GROUP_HEAD.pack(zlib.crc32(text), len(text), start, end)
+    return Prepared(SLICE + _key(run_id, holder_seq) + head)
 
 
-def _group_text(key: bytes, crc: int, holder: bytes | None) -> bytes:
+def group_parts(values: list[bytes]) -> list[bytes]:
+    """The text of each value of one group (the holder first), from these values alone:
+    no cache, no query. What a compaction checks before it writes them."""
+    holder = values[0]
+    if holder[:1] != GROUP:
+        raise zlib.error("a group starts with its holder")
+    text = _decompress(holder[GROUP_HEADER:])
+    crc, size = zlib.crc32(text), len(text)
+    out = []
+    for i, value in enumerate(values):
+        if value[:1] != (GROUP if i == 0 else SLICE) or value[1:_LOCATOR] != holder[1:_LOCATOR]:
+            raise zlib.error("a member of a group names another holder")
+        head = _GROUP_HEAD.unpack_from(value, _LOCATOR)
+        if head[:2] != (crc, size) or not head[2] <= head[3] <= size:
+            raise zlib.error("a member of a group doesn't match it")
+        out.append(text[head[2] : head[3]])
+    return out
+
+
+def _group_text(key: bytes, crc: int, size: int, holder: bytes | None) -> bytes:
     """The text of the group held by the row at locator `key`; `holder`: that row's
     value when the caller has it (else from memory or the database)."""
     global _GROUPS_BYTES
     found = _GROUPS.get(key)
-    if found is not None and found[0] == crc:
+    if found is not None and found[0] == crc and len(found[1]) == size:
+        with _GROUPS_LOCK:
+            if key in _GROUPS:
+                _GROUPS.move_to_end(key)
         return found[1]
     if holder is None:
         run, seq = uuid.UUID(bytes=key[:16]), int.from_bytes(key[16:], "big")
@@ -527,13 +550,14 @@ def _group_text(key: bytes, crc: int, holder: bytes | None) -> bytes:
     if holder[1:_LOCATOR] != key:
         raise zlib.error("a group's holder names another row")
     text = _decompress(holder[GROUP_HEADER:])
-    if zlib.crc32(text) != crc:
+    if zlib.crc32(text) != crc or len(text) != size:
         raise zlib.error("a grouped value doesn't match the group it refers to")
-    with _GROUPS_LOCK:
-        _GROUPS_BYTES += len(text) - len(_GROUPS.pop(key, (0, b""))[1])
-        _GROUPS[key] = (crc, text)
-        while _GROUPS_BYTES > _GROUPS_MAX_BYTES and _GROUPS:
-            _GROUPS_BYTES -= len(_GROUPS.popitem(last=False)[1][1])
+    if len(text) <= _GROUPS_MAX_BYTES // 4:
+        with _GROUPS_LOCK:
+            _GROUPS_BYTES += len(text) - len(_GROUPS.pop(key, (0, b""))[1])
+            _GROUPS[key] = (crc, text)
+            while _GROUPS_BYTES > _GROUPS_MAX_BYTES and _GROUPS:
+                _GROUPS_BYTES -= len(_GROUPS.popitem(last=False)[1][1])
     return text
 
 
@@ -549,10 +573,10 @@ def _sliced(blob: bytes) -> bytes:
     """The text of a grouped value (a holder's or a member's)."""
     if len(blob) < GROUP_HEADER:
         raise zlib.error("a grouped value is truncated")
-    crc, start, end = _GROUP_HEAD.unpack_from(blob, _LOCATOR)
-    text = _group_text(blob[1:_LOCATOR], crc, blob if blob[:1] == GROUP else None)
-    if not start <= end <= len(text):
+    crc, size, start, end = _GROUP_HEAD.unpack_from(blob, _LOCATOR)
+    if not start <= end <= size:
         raise zlib.error("a grouped value lies outside its group")
+    text = _group_text(blob[1:_LOCATOR], crc, size, blob if blob[:1] == GROUP else None)
     return text[start:end]
 
 

@@ -241,3 +241,31 @@ def test_a_reader_meanwhile_reads_every_state_as_before():
         thread.join(60)
     assert not failures and seen and all(seen)
     assert [state for _, state in snapshots.history(run.pk)] == before
+
+
+def test_groups_bigger_than_the_cache_are_written_and_read_as_before(monkeypatch):
+    """The check before a write reads the new values alone: a group the process's cache
+    can't hold (or another thread evicted) is still written, and read back right."""
+    run = long_run(60)
+    before = everything(run)
+    monkeypatch.setattr(models, "_GROUPS_MAX_BYTES", 64)
+    assert compaction.compact(run.pk) > 50
+    as_another_process()
+    assert everything(run) == before
+    assert not models._GROUPS  # none of them was kept
+
+
+def test_a_group_holds_at_most_group_max_bytes_of_text(monkeypatch):
+    run = long_run(60)
+    before = everything(run)
+    sizes = dict(Snapshot.objects.filter(run=run, kind="delta").values_list("seq", "stored_bytes"))
+    cap = 3 * max(sizes.values())
+    monkeypatch.setattr(compaction, "GROUP_MAX_BYTES", cap)
+    assert compaction.compact(run.pk) > 40
+    groups: dict[bytes, int] = {}
+    for seq, (_, data) in sorted(stored(run).items()):
+        if data[:1] in (GROUP, SLICE):
+            groups[data[1:21]] = groups.get(data[1:21], 0) + sizes[seq]
+    assert len(groups) > 10 and max(groups.values()) <= cap
+    as_another_process()
+    assert everything(run) == before
