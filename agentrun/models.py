@@ -534,10 +534,7 @@ def _group_text(key: bytes, crc: int, size: int, holder: bytes | None) -> bytes:
     global _GROUPS_BYTES
     found = _GROUPS.get(key)
     if found is not None and found[0] == crc and len(found[1]) == size:
-        with _GROUPS_LOCK:
-            if key in _GROUPS:
-                _GROUPS.move_to_end(key)
-        return found[1]
+        return found[1]  # (no move to the end: a scan meets a group's members in a row)
     if holder is None:
         run, seq = uuid.UUID(bytes=key[:16]), int.from_bytes(key[16:], "big")
         raw = models.ExpressionWrapper(models.F("data"), output_field=models.BinaryField())

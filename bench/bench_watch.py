@@ -188,12 +188,16 @@ def window(times: list[float], lo: int, hi: int) -> tuple[float, float]:
 
 def time_history(run: Run, path: str, repeat: int, limit: int | None) -> dict[str, Any]:
     """Median wall and CPU ms of `repeat` histories (`limit`: the first page's, as the API
-    and the watch page ask for it), each on a new connection."""
+    and the watch page ask for it), each on a new connection and with no group text of a
+    regrouped run in this process's memory."""
     parsed = watch.parse_path(path)
     walls, cpus = [], []
     found = None
+    from agentrun import models
+
     for _ in range(repeat):
         connection.close()  # a cold connection each time, as a page request on a new worker
+        models.forget_groups()  # and no group text read before (regrouped runs)
         t, c = time.perf_counter(), time.process_time()
         found = watch.history(run, parsed, limit=limit)
         walls.append(time.perf_counter() - t)
