@@ -212,19 +212,11 @@ def request(run: Run, version: tuple[Any, ...]) -> None:
 
 
 def send(run_id: Any) -> None:
-    """Ask a worker to build the run's index once the current transaction commits."""
-    if not settings.AGENTRUN_ENQUEUE:
-        return
+    """Ask a worker to build the run's index once the current transaction commits (a
+    message lost: a search of the run asks again)."""
+    from agentrun.engine.queue import ask
 
-    def later() -> None:
-        from agentrun.tasks import search_index_task
-
-        try:
-            search_index_task.delay(str(run_id))
-        except Exception:  # a search of the run in another process asks again
-            log.exception("could not ask for the search index of %s", run_id)
-
-    transaction.on_commit(later)
+    ask("agentrun.search_index", run_id, "the search index")
 
 
 # --- searching it --------------------------------------------------------------------------

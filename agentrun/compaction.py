@@ -193,16 +193,8 @@ def _texts(run_id: Any, groups: list[list[tuple[int, int, int]]]) -> dict[int, b
 
 
 def send(run_id: Any) -> None:
-    """Ask a worker to regroup the run's deltas once the current transaction commits."""
-    if not settings.AGENTRUN_ENQUEUE:
-        return
+    """Ask a worker to regroup the run's deltas once the current transaction commits (a
+    message lost: `manage.py compact --all` finds the run)."""
+    from agentrun.engine.queue import ask
 
-    def later() -> None:
-        from agentrun.tasks import compact_task
-
-        try:
-            compact_task.delay(str(run_id))
-        except Exception:  # the next pass of `manage.py compact` finds it
-            log.exception("could not ask for the regrouping of %s", run_id)
-
-    transaction.on_commit(later)
+    ask("agentrun.compact", run_id, "the regrouping")

@@ -28,3 +28,21 @@ def enqueue(run_id: Any, step: int, countdown: float | None = None) -> None:
             log.exception("could not enqueue step %s of %s", step, run_id)
 
     transaction.on_commit(send)
+
+
+def ask(task_name: str, run_id: Any, what: str) -> None:
+    """Send a worker the task `task_name` for a run once the current transaction commits
+    (a run's derived data: its search index, its deltas regrouped). A message that can't be
+    sent is logged: what it asks for can be done again (`what` says what it was)."""
+    if not settings.AGENTRUN_ENQUEUE:
+        return
+
+    def send() -> None:
+        from agentrun.celery import app
+
+        try:
+            app.send_task(task_name, (str(run_id),))
+        except Exception:
+            log.exception("could not ask for %s of %s", what, run_id)
+
+    transaction.on_commit(send)
