@@ -38,7 +38,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Max, Q
 
-from agentrun.models import ACTIVE_STATUSES, Run, SearchBlock, ToolCall, ToolCallStatus
+from agentrun.models import Run, SearchBlock, ToolCall, ToolCallStatus
 from agentrun.snapshots import inflate_results
 
 log = logging.getLogger(__name__)
@@ -118,13 +118,7 @@ def _stamp(version: tuple[Any, ...]) -> str:
 
 def indexable(run: Run) -> bool:
     """Whether this run gets a stored index: ended, not purged, long enough."""
-    least = settings.AGENTRUN_SEARCH_INDEX_STEPS
-    return (
-        least > 0
-        and run.status not in ACTIVE_STATUSES
-        and run.purged_at is None
-        and run.next_step - run.first_step >= least
-    )
+    return run.ended_with(settings.AGENTRUN_SEARCH_INDEX_STEPS)
 
 
 # --- building it ---------------------------------------------------------------------------

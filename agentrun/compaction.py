@@ -41,7 +41,6 @@ from django.db.models.functions import Substr
 
 from agentrun import snapshots
 from agentrun.models import (
-    ACTIVE_STATUSES,
     CompressedJSONField,
     Run,
     Snapshot,
@@ -65,13 +64,7 @@ GROUP_MAX_BYTES = 1024 * 1024
 
 def compactable(run: Run) -> bool:
     """Whether this run's deltas should be regrouped: ended, not purged, long enough."""
-    least = settings.AGENTRUN_COMPACT_STEPS
-    return (
-        least > 0
-        and run.status not in ACTIVE_STATUSES
-        and run.purged_at is None
-        and run.next_step - run.first_step >= least
-    )
+    return run.ended_with(settings.AGENTRUN_COMPACT_STEPS)
 
 
 def compact(run_id: Any, group_size: int = GROUP_SIZE) -> int:

@@ -172,6 +172,16 @@ class Run(models.Model):
     def is_imported(self) -> bool:
         return self.imported_at is not None
 
+    def ended_with(self, steps: int) -> bool:
+        """Ended (not queued, running or waiting), not purged, and at least `steps` steps
+        long (0: never): a run that gets its derived data (search index, regrouping)."""
+        return (
+            steps > 0
+            and self.status not in ACTIVE_STATUSES
+            and self.purged_at is None
+            and self.next_step - self.first_step >= steps
+        )
+
     @property
     def import_info(self) -> dict[str, Any]:
         """Where an imported run came from, its times parsed (for pages)."""
