@@ -85,7 +85,7 @@ def compact(run_id: Any, group_size: int = GROUP_SIZE) -> int:
         texts = _texts(run.pk, stretch)
         for group in stretch:
             n = _write(run.pk, group, texts)
-            if n < 0:  # the run is no longer to be regrouped (purged, retried)
+            if n < 0:  # the run is no longer to be regrouped (purged meanwhile)
                 return done
             done += n
             written += n > 0
@@ -136,10 +136,10 @@ def _write(run_id: Any, members: list[tuple[int, int, int]], texts: dict[int, by
 
 
 def _groups(run_id: Any, count: int) -> list[list[tuple[int, int, int]]]:
-    """The run's deltas to regroup, as lists of (pk, seq, keyframe seq): consecutive deltas not grouped
-    yet, at most `count` of them and GROUP_MAX_BYTES of text (as `stored_bytes` says), cut
-    at every other row with data (a keyframe, a fork's first row) and at grouped ones. A
-    group of one is left as it is."""
+    """The run's deltas to regroup, as lists of (pk, seq, keyframe seq): consecutive
+    deltas not grouped yet, at most `count` of them and GROUP_MAX_BYTES of text (as
+    `stored_bytes` says), cut at every other row with data (a keyframe, a fork's first
+    row) and at grouped ones. A group of one is left as it is."""
     rows = (
         Snapshot.objects.filter(run_id=run_id)
         .exclude(kind=SnapshotKind.REF)
@@ -153,7 +153,7 @@ def _groups(run_id: Any, count: int) -> list[list[tuple[int, int, int]]]:
         if kind != SnapshotKind.DELTA or first is None or is_grouped(bytes(first)):
             if len(current) > 1:
                 groups.append(current)
-            current = []
+            current, held = [], 0
             continue
         # A new keyframe (one with no data: a purge under way), or bytes enough.
         if current and (keyframe != _keyframe(current) or held + size > GROUP_MAX_BYTES):
