@@ -46,9 +46,8 @@ from agentrun.models import (
     Snapshot,
     SnapshotKind,
     group_parts,
-    group_value,
+    group_values,
     is_grouped,
-    slice_value,
 )
 
 log = logging.getLogger(__name__)
@@ -102,18 +101,10 @@ def _keyframe(members: list[tuple[int, int, int]]) -> int:
 def _write(run_id: Any, members: list[tuple[int, int, int]], texts: dict[int, bytes]) -> int:
     """Write one group: how many deltas it holds, 0 if its rows changed since they were
     read (regrouped meanwhile), -1 if the run should no longer be regrouped."""
-    holder = members[0][1]
-    text = b"".join(texts[seq] for _, seq, _ in members)
-    rows, values, at = [], [], 0
-    for pk, seq, _ in members:
-        end = at + len(texts[seq])
-        if seq == holder:
-            value = group_value(run_id, seq, text, at, end, CompressedJSONField.level)
-        else:
-            value = slice_value(run_id, holder, text, at, end)
-        rows.append(Snapshot(pk=pk, data=value))
-        values.append(value)
-        at = end
+    values = group_values(
+        run_id, members[0][1], [texts[seq] for _, seq, _ in members], CompressedJSONField.level
+    )
+    rows = [Snapshot(pk=pk, data=value) for (pk, _, _), value in zip(members, values, strict=True)]
     # Every delta must read back as it did, before anything is written (from the new
     # values alone: a check that went through the process's cache could meet another
     # thread's eviction, or look the holder up in the table, where it is not yet).

@@ -506,17 +506,18 @@ _GROUPS_BYTES = 0
 _GROUPS_LOCK = threading.Lock()
 
 
-def group_value(run_id: Any, seq: int, text: bytes, start: int, end: int, level: int) -> Prepared:
-    """The stored value of a group's holder, snapshot `seq` of `run_id`: `text` is the
-    group's, the holder's own lies at [start, end)."""
-    head = _GROUP_HEAD.pack(zlib.crc32(text), len(text), start, end)
-    return Prepared(GROUP + _key(run_id, seq) + head + zlib.compress(text, level))
-
-
-def slice_value(run_id: Any, holder_seq: int, text: bytes, start: int, end: int) -> Prepared:
-    """The stored value of a group's member other than the holder."""
-    head = _GROUP_HEAD.pack(zlib.crc32(text), len(text), start, end)
-    return Prepared(SLICE + _key(run_id, holder_seq) + head)
+def group_values(run_id: Any, holder_seq: int, texts: list[bytes], level: int) -> list[Prepared]:
+    """The stored values of one group of `run_id`'s deltas, whose texts these are, in
+    order; the first is the holder, snapshot `holder_seq`."""
+    text = b"".join(texts)
+    crc, key = zlib.crc32(text), _key(run_id, holder_seq)
+    out, at = [], 0
+    for part in texts:
+        head = key + _GROUP_HEAD.pack(crc, len(text), at, at + len(part))
+        out.append(Prepared(SLICE + head) if out else Prepared(GROUP + head))
+        at += len(part)
+    out[0] = Prepared(out[0] + zlib.compress(text, level))
+    return out
 
 
 def group_parts(values: list[bytes]) -> list[bytes]:

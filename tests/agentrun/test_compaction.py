@@ -134,7 +134,7 @@ def test_a_member_whose_group_is_gone_or_another_one_says_so():
     member = rows[member_seq][1]
     assert int.from_bytes(member[17:21], "big") == holder_seq
     # Another group under the holder's locator (a run imported again, regrouped again).
-    other = models.group_value(run.pk, holder_seq, b'[["set",["x"],1]]', 0, 17, 6)
+    (other,) = models.group_values(run.pk, holder_seq, [b'[["set",["x"],1]]'], 6)
     Snapshot.objects.filter(run=run, seq=holder_seq).update(data=other)
     as_another_process()
     with pytest.raises(zlib.error, match="doesn't match the group"):
