@@ -448,12 +448,14 @@ def dictionaries(wanted: set[bytes]) -> dict[bytes, bytes]:
             )
             if data is not None
         ]
-        # Deltas are packed against their keyframe: those in one query too, not one each.
+        # Deltas are packed against their keyframe: those in one query too, not one each;
+        # and so are the holders of regrouped ones.
         inner = {data[1:_LOCATOR] for _, data in rows if data[:1] in _WINDOWS}
         zdicts = dictionaries(inner) if inner else None
+        groups = groups_of([data for _, data in rows])
         for seq, data in rows:
             if data is not None:
-                text = inflate(data, zdicts)
+                text = inflate(data, zdicts, groups)
                 remember_dictionary(run_id, seq, text)
                 found[_key(run_id, seq)] = text[-FULL_WINDOW:]
     return found
@@ -539,13 +541,58 @@ def group_parts(values: list[bytes]) -> list[bytes]:
     return out
 
 
-def _group_text(key: bytes, crc: int, size: int, holder: bytes | None) -> bytes:
-    """The text of the group held by the row at locator `key`; `holder`: that row's
-    value when the caller has it (else from memory or the database)."""
+#: Group texts at hand, by locator: (CRC-32, text), as `groups_of` returns them.
+Groups = dict[bytes, tuple[int, bytes]]
+
+
+def groups_of(blobs: list[bytes]) -> Groups:
+    """The texts of the groups that these stored values are members of, for the members
+    whose holder is not among them: from memory, else one query per run. Reading sparse
+    members one by one would read each holder in a query of its own (a watch of a value
+    that a few steps of a regrouped run changed meets a new group at nearly every one).
+    A holder that is gone is left out: reading the member then says so."""
+    wanted = {b[1:_LOCATOR] for b in blobs if b[:1] == SLICE}
+    if not wanted:
+        return {}
+    wanted -= {b[1:_LOCATOR] for b in blobs if b[:1] == GROUP}
+    out: Groups = {k: found for k in wanted if (found := _GROUPS.get(k)) is not None}
+    by_run: dict[bytes, list[int]] = {}
+    for key in wanted - out.keys():
+        by_run.setdefault(key[:16], []).append(int.from_bytes(key[16:], "big"))
+    raw = models.ExpressionWrapper(models.F("data"), output_field=models.BinaryField())
+    for run_bytes, seqs in by_run.items():
+        run_id = uuid.UUID(bytes=run_bytes)
+        rows = Snapshot.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", raw)
+        for seq, data in rows:
+            holder = bytes(data) if data is not None else b""
+            key = _key(run_id, seq)
+            if holder[:1] == GROUP and holder[1:_LOCATOR] == key:
+                text = _decompress(holder[GROUP_HEADER:])
+                out[key] = (zlib.crc32(text), text)
+                _keep_group(key, out[key])
+    return out
+
+
+def _keep_group(key: bytes, found: tuple[int, bytes]) -> None:
     global _GROUPS_BYTES
-    found = _GROUPS.get(key)
-    if found is not None and found[0] == crc and len(found[1]) == size:
-        return found[1]  # (no move to the end: a scan meets a group's members in a row)
+    if len(found[1]) > _GROUPS_MAX_BYTES // 4:
+        return
+    with _GROUPS_LOCK:
+        _GROUPS_BYTES += len(found[1]) - len(_GROUPS.pop(key, (0, b""))[1])
+        _GROUPS[key] = found
+        while _GROUPS_BYTES > _GROUPS_MAX_BYTES and _GROUPS:
+            _GROUPS_BYTES -= len(_GROUPS.popitem(last=False)[1][1])
+
+
+def _group_text(
+    key: bytes, crc: int, size: int, holder: bytes | None, groups: Groups | None = None
+) -> bytes:
+    """The text of the group held by the row at locator `key`; `holder`: that row's
+    value when the caller has it; `groups`: group texts at hand (else from memory or
+    the database)."""
+    for found in ((groups or {}).get(key), _GROUPS.get(key)):
+        if found is not None and found[0] == crc and len(found[1]) == size:
+            return found[1]  # (no move to the end: a scan meets a group's members in a row)
     if holder is None:
         run, seq = uuid.UUID(bytes=key[:16]), int.from_bytes(key[16:], "big")
         raw = models.ExpressionWrapper(models.F("data"), output_field=models.BinaryField())
@@ -560,12 +607,7 @@ def _group_text(key: bytes, crc: int, size: int, holder: bytes | None) -> bytes:
     text = _decompress(holder[GROUP_HEADER:])
     if zlib.crc32(text) != crc or len(text) != size:
         raise zlib.error("a grouped value doesn't match the group it refers to")
-    if len(text) <= _GROUPS_MAX_BYTES // 4:
-        with _GROUPS_LOCK:
-            _GROUPS_BYTES += len(text) - len(_GROUPS.pop(key, (0, b""))[1])
-            _GROUPS[key] = (crc, text)
-            while _GROUPS_BYTES > _GROUPS_MAX_BYTES and _GROUPS:
-                _GROUPS_BYTES -= len(_GROUPS.popitem(last=False)[1][1])
+    _keep_group(key, (crc, text))
     return text
 
 
@@ -577,14 +619,14 @@ def forget_groups() -> None:
         _GROUPS_BYTES = 0
 
 
-def _sliced(blob: bytes) -> bytes:
+def _sliced(blob: bytes, groups: Groups | None = None) -> bytes:
     """The text of a grouped value (a holder's or a member's)."""
     if len(blob) < GROUP_HEADER:
         raise zlib.error("a grouped value is truncated")
     crc, size, start, end = _GROUP_HEAD.unpack_from(blob, _LOCATOR)
     if not start <= end <= size:
         raise zlib.error("a grouped value lies outside its group")
-    text = _group_text(blob[1:_LOCATOR], crc, size, blob if blob[:1] == GROUP else None)
+    text = _group_text(blob[1:_LOCATOR], crc, size, blob if blob[:1] == GROUP else None, groups)
     return text[start:end]
 
 
@@ -592,14 +634,16 @@ def is_grouped(blob: bytes) -> bool:
     return blob[:1] in (GROUP, SLICE)
 
 
-def inflate(blob: bytes, zdicts: dict[bytes, bytes] | None = None) -> bytes:
-    """The JSON text (UTF-8) of a compressed column's stored bytes; `zdicts`: dictionaries
-    at hand (else from memory or the database)."""
+def inflate(
+    blob: bytes, zdicts: dict[bytes, bytes] | None = None, groups: Groups | None = None
+) -> bytes:
+    """The JSON text (UTF-8) of a compressed column's stored bytes; `zdicts` and
+    `groups`: dictionaries and group texts at hand (else from memory or the database)."""
     if type(blob) is not bytes:
         blob = bytes(blob)
     window = _WINDOWS.get(blob[:1])
     if window is None:
-        return _sliced(blob) if blob[:1] in (GROUP, SLICE) else _decompress(blob)
+        return _sliced(blob, groups) if blob[:1] in (GROUP, SLICE) else _decompress(blob)
     key = blob[1:_LOCATOR]
     zdict = (zdicts or _TAILS).get(key)
     text = None if zdict is None else _unpack(blob, zdict, window)
@@ -661,10 +705,12 @@ class Inflater:
 
 
 def inflate_many(blobs: list[bytes]) -> list[bytes]:
-    """inflate() for many values: the dictionaries of packed ones in one query per run."""
+    """inflate() for many values: the dictionaries of packed ones and the groups of
+    regrouped ones in one query per run."""
     blobs = [b if type(b) is bytes else bytes(b) for b in blobs]
     zdicts = dictionaries({b[1:_LOCATOR] for b in blobs if b[:1] in _WINDOWS})
-    return [inflate(b, zdicts) for b in blobs]
+    groups = groups_of(blobs)
+    return [inflate(b, zdicts, groups) for b in blobs]
 
 
 class CompressedJSONField(models.Field):

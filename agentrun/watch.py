@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from functools import cache, partial
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import BinaryField, ExpressionWrapper, F, Q
 
 from agentrun import delta, rawsql
-from agentrun.models import Run, Snapshot, SnapshotKind
+from agentrun.models import Run, Snapshot, SnapshotKind, inflate_many
 
 __all__ = [
     "COUNTED",
@@ -696,10 +696,15 @@ def _data(
     lo, hi = rows[0][0], rows[-1][0]
     if len(rows) < _DENSE_MIN or len(rows) * 4 < hi - lo + 1:
         deltas = {row[0] for row in rows if row[3] == SnapshotKind.DELTA}
+        raw = ExpressionWrapper(F("data"), output_field=BinaryField())
         found = Snapshot.objects.filter(run_id=run_id, seq__in=[row[0] for row in rows])
+        stored = [(seq, blob) for seq, blob in found.values_list("seq", raw) if blob is not None]
+        # In one go: the keyframes they are packed against, and the groups of regrouped
+        # ones, in a query per run, not one each.
+        texts = inflate_many([blob for _, blob in stored])
         return {
             seq: _reaching(data, path) if seq in deltas else data
-            for seq, data in found.values_list("seq", "data")
+            for (seq, _), data in zip(stored, map(json.loads, texts), strict=True)
         }
     from agentrun import snapshots  # noqa: PLC0415 - snapshots imports this module
 

@@ -7,7 +7,9 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.db.models import BinaryField, ExpressionWrapper, F
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agentrun import compaction, engine, models, services, snapshots, watch
@@ -269,3 +271,30 @@ def test_a_group_holds_at_most_group_max_bytes_of_text(monkeypatch):
     assert len(groups) > 10 and max(groups.values()) <= cap
     as_another_process()
     assert everything(run) == before
+
+
+def test_members_of_many_groups_are_read_with_their_holders_in_one_query(monkeypatch):
+    """A value that a few steps changed meets a new group at nearly every one of them:
+    the holders come in one query, not one each, and the history is the one before."""
+    run = long_run(90)
+    texts = {seq: models.inflate(d) for seq, (k, d) in stored(run).items() if k == "delta"}
+    monkeypatch.setattr(watch, "_DENSE_MIN", 10**6)  # every read of this history sparse
+    path = watch.parse_path("/iteration")
+    changes = [(c.step, c.at, c.before, c.after) for c in watch.history(run, path).changes]
+    assert compaction.compact(run.pk, group_size=4) > 80
+    members = {seq: d for seq, (_, d) in stored(run).items() if d[:1] == SLICE}
+    picked = sorted(members)[::4]
+    assert len({members[seq][1:21] for seq in picked}) == len(picked) > 15
+
+    as_another_process()
+    with CaptureQueriesContext(connection) as queries:
+        assert models.inflate_many([members[seq] for seq in picked]) == [
+            texts[seq] for seq in picked
+        ]
+    assert len(queries) == 1
+    as_another_process()
+    with CaptureQueriesContext(connection) as queries:
+        after = [(c.step, c.at, c.before, c.after) for c in watch.history(run, path).changes]
+    assert after == changes
+    groups = len({d[1:21] for d in members.values()})
+    assert len(queries) < groups / 4, [q["sql"][:80] for q in queries.captured_queries]
