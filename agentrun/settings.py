@@ -296,6 +296,9 @@ AGENTRUN_SEARCH_INDEX_STEPS = env_int("AGENTRUN_SEARCH_INDEX_STEPS", 2000)
 # A run that ends with at least this many steps has its deltas regrouped by a worker
 # (agentrun.compaction): a third fewer bytes, and its history reads back faster. 0: never.
 AGENTRUN_COMPACT_STEPS = env_int("AGENTRUN_COMPACT_STEPS", 1000)
+# Freed memory a process keeps for its next allocations instead of handing it back to the
+# kernel at once (glibc; agentrun/malloc.py): a step reuses its pages. 0: glibc's default.
+AGENTRUN_MALLOC_TRIM_MB = env_int("AGENTRUN_MALLOC_TRIM_MB", 64)
 
 # Importing a run's archive (agentrun.archive): the archive's size as uploaded, what it
 # may inflate to (a gzip bomb stops here, not in memory) and its longest line (one record).
