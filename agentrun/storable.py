@@ -138,6 +138,82 @@ def size_problem(value: Any, limit: int, what: str = "the value") -> str | None:
     return None
 
 
+# Most values a step stores are far within every limit. One walk, with no path kept, says
+# so: their nesting, text (when asked) and an upper bound of their JSON's size. Only a
+# value it can't clear is walked again by shape_problem and encoded by size_problem, which
+# say what is wrong, if anything. (A step checks its decision and its tool's result.)
+_SHORT_INT = 10**15  # at most 17 characters of JSON
+_NUMBER_BYTES = 32  # a finite float's repr is at most 24
+_UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def _clears(value: Any, limit: int, text: bool, max_bytes: float) -> bool:
+    """Whether `value` surely has no problem: nests at most `limit` levels, is JSON,
+    its JSON text is under `max_bytes` (counting 6 bytes a character, the \\u escape of
+    a control character), and, with `text`, holds no text the database can't store.
+    False: it may have one (a tuple, a subclass, a number's key: look closer)."""
+    size = 0
+    stack: list[tuple[Any, int]] = [([value], -1)]  # (the value, as the item of a list)
+    while stack:
+        item, level = stack.pop()
+        if level >= limit:
+            return False
+        size += 4  # brackets, and the separator before it
+        if type(item) is dict:
+            for key in item:
+                if type(key) is not str or (text and _UNSTORABLE_TEXT.search(key)):
+                    return False
+                size += 6 * len(key) + 4
+            children: Any = item.values()
+        else:
+            children = item
+        for child in children:
+            t = type(child)
+            if t is str:
+                if text and _UNSTORABLE_TEXT.search(child):
+                    return False
+                size += 6 * len(child) + 4
+            elif t is int:
+                if not -_SHORT_INT < child < _SHORT_INT:
+                    return False
+                size += _NUMBER_BYTES
+            elif t is float:
+                if not math.isfinite(child):
+                    return False
+                size += _NUMBER_BYTES
+            elif child is None or t is bool:
+                size += 7
+            elif t is dict or t is list:
+                stack.append((child, level + 1))
+            else:
+                return False
+        if size > max_bytes:
+            return False
+    return True
+
+
+def problem(
+    value: Any,
+    *,
+    depth: int | None = None,
+    max_bytes: int | None = None,
+    text: bool = False,
+    what: str = "$",
+    named: str | None = None,
+) -> str | None:
+    """shape_problem, then (with `max_bytes`) size_problem: why `value` can't be stored
+    and executed, or None. `what`: the value's path in shape_problem's words, `named`:
+    its name in size_problem's (default: `what`). A value far within the limits costs
+    one quick walk."""
+    limit = max_depth() if depth is None else depth
+    if _clears(value, limit, text, math.inf if max_bytes is None else max_bytes):
+        return None
+    found = shape_problem(value, depth=limit, text=text, what=what)
+    if found is None and max_bytes is not None:
+        found = size_problem(value, max_bytes, named or what)
+    return found
+
+
 def check_storable(value: Any, path: str = "$", *, depth: int | None = None) -> None:
     """Refuse what a person sent that can't be stored or executed: too deep, or text
     the database can't hold. Raises ValueError naming the path.

@@ -169,8 +169,8 @@ def _invoke(ctx: Claimed, call: Call, tc: ToolCall, t: Tool) -> CallResult | Out
     except BaseException as exc:  # noqa: BLE001 — every failure is recorded
         result, error = None, exc
     if error is None:
-        problem = storable.shape_problem(result, what="the result") or storable.size_problem(
-            result, settings.AGENTRUN_JSON_MAX_BYTES, "the result"
+        problem = storable.problem(
+            result, max_bytes=settings.AGENTRUN_JSON_MAX_BYTES, what="the result"
         )
         if problem:
             result, error = None, ResultRefused(f"{tc.tool} ran, but {problem}")

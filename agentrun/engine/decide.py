@@ -202,13 +202,15 @@ def _shape_problem(decision: Decision) -> str | None:
     fails instead of asking the model again, which would spend tokens for nothing.
     """
     for i, call in enumerate(decision.calls):
-        problem = storable.shape_problem(call.args, what=f"calls[{i}].args")
+        problem = storable.problem(call.args, what=f"calls[{i}].args")
         if problem:
             return f"the decision can't be stored: {problem}"
-    whole = decision.to_dict()
-    problem = storable.shape_problem(whole, depth=storable.max_depth(state=True), what="decision")
-    problem = problem or storable.size_problem(
-        whole, settings.AGENTRUN_JSON_MAX_BYTES, "the decision"
+    problem = storable.problem(
+        decision.to_dict(),
+        depth=storable.max_depth(state=True),
+        max_bytes=settings.AGENTRUN_JSON_MAX_BYTES,
+        what="decision",
+        named="the decision",
     )
     return None if problem is None else f"the decision can't be stored: {problem}"
 

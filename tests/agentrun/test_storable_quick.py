@@ -1,0 +1,101 @@
+"""storable.problem: one quick walk clears what is far within the limits; whatever it
+can't clear gets shape_problem's and size_problem's answer, word for word."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import random
+from enum import StrEnum
+
+import pytest
+
+from agentrun import storable
+
+
+class Colour(StrEnum):
+    RED = "red"
+
+
+def nest(depth: int, leaf: object = 1) -> object:
+    value = leaf
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+def random_value(rng: random.Random, depth: int = 0) -> object:
+    roll = rng.random()
+    if depth > 6 or roll < 0.45:
+        return rng.choice(
+            [
+                "plain words",
+                "naïve café ✓",
+                "a NUL \x00 inside",
+                "a lone \ud800 surrogate",
+                "\u241b already escaped",
+                "",
+                0,
+                -(10**15) + 1,
+                10**15,
+                10**20,
+                1.5,
+                float("nan"),
+                float("inf"),
+                True,
+                None,
+                "x" * rng.randint(0, 3000),
+                Colour.RED,
+                (1, 2),
+                {1, 2},
+                datetime.date(2026, 1, 1),
+            ]
+        )
+    if roll < 0.75:
+        return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    keys = ["a", "b", "ключ", "with\x00nul", "sur\udc00rogate", 7, None, 1.5]
+    return {rng.choice(keys): random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+def slow(value, depth, max_bytes, text, what="$", named=None):
+    found = storable.shape_problem(value, depth=depth, text=text, what=what)
+    if found is None and max_bytes is not None:
+        found = storable.size_problem(value, max_bytes, named or what)
+    return found
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_quick_walk_answers_as_the_checks_it_stands_for(seed):
+    rng = random.Random(seed)
+    for _ in range(50):
+        value = random_value(rng)
+        depth = rng.choice([2, 4, 8, 30])
+        max_bytes = rng.choice([None, 50, 2000, 10**6])
+        text = rng.random() < 0.5
+        assert storable.problem(
+            value, depth=depth, max_bytes=max_bytes, text=text, what="w", named="the w"
+        ) == slow(value, depth, max_bytes, text, "w", "the w")
+
+
+@pytest.mark.parametrize("levels", [3, 4, 5])
+def test_nesting_at_around_the_limit(levels):
+    value = nest(levels)
+    assert storable.problem(value, depth=4) == slow(value, 4, None, False)
+    assert (storable.problem(value, depth=4) is None) == (levels <= 4)
+
+
+def test_a_size_just_over_the_limit_is_measured_not_guessed():
+    value = {"text": "é" * 100}
+    exact = len(json.dumps(value, ensure_ascii=False).encode())
+    assert storable.problem(value, max_bytes=exact) is None  # the bound said "look closer"
+    assert "the limit is" in storable.problem(value, max_bytes=exact - 1)
+
+
+def test_an_ordinary_result_is_cleared_by_the_quick_walk_alone(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("walked again")
+
+    monkeypatch.setattr(storable, "shape_problem", refuse)
+    monkeypatch.setattr(storable, "size_problem", refuse)
+    result = {"rows": [{"id": i, "name": f"item {i}", "price": 9.5, "ok": True} for i in range(50)]}
+    assert storable.problem(result, max_bytes=1_000_000, text=True) is None
