@@ -151,7 +151,7 @@ def _clears(value: Any, limit: int, text: bool, max_bytes: float) -> bool:
     """Whether `value` surely has no problem: nests at most `limit` levels, is JSON,
     its JSON text is under `max_bytes` (counting 6 bytes a character, the \\u escape of
     a control character), and, with `text`, holds no text the database can't store.
-    False: it may have one (a tuple, a subclass, a number's key: look closer)."""
+    False: it may have one (a subclass, a number's key: look closer)."""
     size = 0
     stack: list[tuple[Any, int]] = [([value], -1)]  # (the value, as the item of a list)
     while stack:
@@ -183,7 +183,7 @@ def _clears(value: Any, limit: int, text: bool, max_bytes: float) -> bool:
                 size += _NUMBER_BYTES
             elif child is None or t is bool:
                 size += 7
-            elif t is dict or t is list:
+            elif t is dict or t is list or t is tuple:  # (a tuple is a list in JSON)
                 stack.append((child, level + 1))
             else:
                 return False

@@ -47,6 +47,7 @@ def random_value(rng: random.Random, depth: int = 0) -> object:
                 "x" * rng.randint(0, 3000),
                 Colour.RED,
                 (1, 2),
+                ({"deep": [[[[["tuple"]]]]]}, "\x00"),
                 {1, 2},
                 datetime.date(2026, 1, 1),
             ]
@@ -97,5 +98,6 @@ def test_an_ordinary_result_is_cleared_by_the_quick_walk_alone(monkeypatch):
 
     monkeypatch.setattr(storable, "shape_problem", refuse)
     monkeypatch.setattr(storable, "size_problem", refuse)
-    result = {"rows": [{"id": i, "name": f"item {i}", "price": 9.5, "ok": True} for i in range(50)]}
+    result = {"rows": [{"id": i, "name": f"item {i}", "price": 9.5, "ok": None} for i in range(50)]}
+    result["pair"] = ("a tuple", ["is", "a list"])
     assert storable.problem(result, max_bytes=1_000_000, text=True) is None
