@@ -412,49 +412,16 @@ def remembered_dictionary(run_id: Any, seq: int) -> bytes | None:
     return _TAILS.get(_key(run_id, seq))
 
 
-# Compressors primed with a keyframe's text, by its locator and window. Setting a 32 KB
-# dictionary costs zlib about as much as compressing a step's delta against it, and a
-# run's deltas are packed against the same keyframe until the next one: each is packed
-# by a copy of the primed compressor. An entry holds the text it was primed with, and is
-# used only for that same object (`remembered_dictionary` hands out the one it keeps).
-_PRIMED: OrderedDict[tuple[bytes, int], tuple[bytes, Any]] = OrderedDict()
-_PRIMED_MAX = 32  # about 260 KB each
-_PRIMED_LOCK = threading.Lock()
-
-
-def _primed(key: bytes, zdict: bytes, window: int) -> Any:
-    """A compressor with the last `window` bytes of `zdict` (snapshot `key`'s text) set
-    as its dictionary, to use once."""
-    found = _PRIMED.get((key, window))
-    if found is None or found[0] is not zdict:
-        found = (zdict, zlib.compressobj(CompressedJSONField.level, zdict=zdict[-window:]))
-        with _PRIMED_LOCK:
-            _PRIMED[key, window] = found
-            while len(_PRIMED) > _PRIMED_MAX:
-                _PRIMED.popitem(last=False)
-    return found[1].copy()
-
-
 #: Texts shorter than this are compressed alone too, whenever packing gained less than 4x.
 _PLAIN_TRIED = 1024
 
 
 def pack_text(
-    text: bytes,
-    run_id: Any,
-    seq: int,
-    zdict: bytes,
-    window: int = FULL_WINDOW,
-    *,
-    again: bool = False,
+    text: bytes, run_id: Any, seq: int, zdict: bytes, window: int = FULL_WINDOW
 ) -> Prepared:
     """JSON `text` compressed against the last `window` bytes of `zdict`, the text of
-    snapshot `seq` of `run_id` (or compressed alone, when that comes out smaller).
-    `again`: more texts will be packed against this `zdict` object (a keyframe's)."""
-    if again:
-        z = _primed(_key(run_id, seq), zdict, window)
-    else:
-        z = zlib.compressobj(CompressedJSONField.level, zdict=zdict[-window:])
+    snapshot `seq` of `run_id` (or compressed alone, when that comes out smaller)."""
+    z = zlib.compressobj(CompressedJSONField.level, zdict=zdict[-window:])
     body = z.compress(text) + z.flush()
     if len(body) * 4 > len(text) and (len(text) < _PLAIN_TRIED or len(body) * 2 > len(text)):
         # The dictionary may have held little of it: compressed alone, is it as short?

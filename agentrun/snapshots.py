@@ -199,7 +199,7 @@ def insert_values(snapshot: Snapshot) -> tuple[dict[str, Any], bytes | None]:
         # (a worker with a thousand runs in flight); a delta not packed is stored plain.
         keyframe = remembered_dictionary(snapshot.run_id, snapshot.keyframe_seq)
         if keyframe is not None:
-            data = pack_text(text, snapshot.run_id, snapshot.keyframe_seq, keyframe, again=True)
+            data = pack_text(text, snapshot.run_id, snapshot.keyframe_seq, keyframe)
     values["data"] = data or Prepared(zlib.compress(text, CompressedJSONField.level))
     return values, text
 
