@@ -3,8 +3,8 @@
 A step allocates and frees the same few hundred KB every time: zlib's state for each
 value it compresses (about 260 KB: window, hash chains, output buffer), the JSON texts,
 the rows. glibc hands the top of its heap back to the kernel once 128 KB of it are free,
-so the next step's allocations fault the same pages in again: about 70 page faults a
-step, 4-7% of its CPU time (bench/results/13-step-cpu.md). Keeping up to
+so the next step's allocations fault the same pages in again: about 40 page faults a
+step, 4-8% of its CPU time (bench/RESULTS.md#step-cpu). Keeping up to
 AGENTRUN_MALLOC_TRIM_MB free at the top makes them reuse the memory; allocations of
 MMAP_MB or more still get pages of their own, given back when freed.
 
