@@ -15,6 +15,7 @@ import threading
 import uuid
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -440,33 +441,33 @@ def pack(value: Any, run_id: Any, seq: int, zdict: bytes) -> Prepared:
     return pack_text(json_text(value).encode(), run_id, seq, zdict)
 
 
-def dictionaries(wanted: set[bytes]) -> dict[bytes, bytes]:
-    """The (last FULL_WINDOW bytes of the) JSON text of these snapshots, by locator
-    (`_key`), from memory or one query per run; a snapshot that is gone is left out."""
-    found = {k: t for k in wanted if (t := _TAILS.get(k)) is not None}
+def _stored(keys: set[bytes]) -> Iterator[tuple[uuid.UUID, list[tuple[int, bytes]]]]:
+    """The stored values of the snapshots these locators name, one query per run:
+    (run id, [(seq, value)]); a snapshot that is gone (or holds no data) is left out."""
     by_run: dict[bytes, list[int]] = {}
-    for key in wanted - found.keys():
+    for key in keys:
         by_run.setdefault(key[:16], []).append(int.from_bytes(key[16:], "big"))
     raw = models.ExpressionWrapper(models.F("data"), output_field=models.BinaryField())
     for run_bytes, seqs in by_run.items():
         run_id = uuid.UUID(bytes=run_bytes)
-        rows = [
-            (seq, bytes(data))
-            for seq, data in Snapshot.objects.filter(run_id=run_id, seq__in=seqs).values_list(
-                "seq", raw
-            )
-            if data is not None
-        ]
+        rows = Snapshot.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", raw)
+        yield run_id, [(seq, bytes(data)) for seq, data in rows if data is not None]
+
+
+def dictionaries(wanted: set[bytes]) -> dict[bytes, bytes]:
+    """The (last FULL_WINDOW bytes of the) JSON text of these snapshots, by locator
+    (`_key`), from memory or one query per run; a snapshot that is gone is left out."""
+    found = {k: t for k in wanted if (t := _TAILS.get(k)) is not None}
+    for run_id, rows in _stored(wanted - found.keys()):
         # Deltas are packed against their keyframe: those in one query too, not one each;
         # and so are the holders of regrouped ones.
         inner = {data[1:_LOCATOR] for _, data in rows if data[:1] in _WINDOWS}
         zdicts = dictionaries(inner) if inner else None
         groups = groups_of([data for _, data in rows])
         for seq, data in rows:
-            if data is not None:
-                text = inflate(data, zdicts, groups)
-                remember_dictionary(run_id, seq, text)
-                found[_key(run_id, seq)] = text[-FULL_WINDOW:]
+            text = inflate(data, zdicts, groups)
+            remember_dictionary(run_id, seq, text)
+            found[_key(run_id, seq)] = text[-FULL_WINDOW:]
     return found
 
 
@@ -565,15 +566,8 @@ def groups_of(blobs: list[bytes]) -> Groups:
         return {}
     wanted -= {b[1:_LOCATOR] for b in blobs if b[:1] == GROUP}
     out: Groups = {k: found for k in wanted if (found := _GROUPS.get(k)) is not None}
-    by_run: dict[bytes, list[int]] = {}
-    for key in wanted - out.keys():
-        by_run.setdefault(key[:16], []).append(int.from_bytes(key[16:], "big"))
-    raw = models.ExpressionWrapper(models.F("data"), output_field=models.BinaryField())
-    for run_bytes, seqs in by_run.items():
-        run_id = uuid.UUID(bytes=run_bytes)
-        rows = Snapshot.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", raw)
-        for seq, data in rows:
-            holder = bytes(data) if data is not None else b""
+    for run_id, rows in _stored(wanted - out.keys()):
+        for seq, holder in rows:
             key = _key(run_id, seq)
             if holder[:1] == GROUP and holder[1:_LOCATOR] == key:
                 text = _decompress(holder[GROUP_HEADER:])
