@@ -593,9 +593,9 @@ def _group_text(
     """The text of the group held by the row at locator `key`; `holder`: that row's
     value when the caller has it; `groups`: group texts at hand (else from memory or
     the database)."""
-    for found in ((groups or {}).get(key), _GROUPS.get(key)):
-        if found is not None and found[0] == crc and len(found[1]) == size:
-            return found[1]  # (no move to the end: a scan meets a group's members in a row)
+    found = _GROUPS.get(key) if groups is None else groups.get(key) or _GROUPS.get(key)
+    if found is not None and found[0] == crc and len(found[1]) == size:
+        return found[1]  # (no move to the end: a scan meets a group's members in a row)
     if holder is None:
         run, seq = uuid.UUID(bytes=key[:16]), int.from_bytes(key[16:], "big")
         raw = models.ExpressionWrapper(models.F("data"), output_field=models.BinaryField())
