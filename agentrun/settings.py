@@ -294,7 +294,8 @@ AGENTRUN_SEARCH_CACHE_MB = env_int("AGENTRUN_SEARCH_CACHE_MB", 64)
 AGENTRUN_SEARCH_INDEX_STEPS = env_int("AGENTRUN_SEARCH_INDEX_STEPS", 2000)
 
 # A run that ends with at least this many steps has its deltas regrouped by a worker
-# (agentrun.compaction): a third fewer bytes, and its history reads back faster. 0: never.
+# (agentrun.compaction): a third fewer bytes, and a history that reads every step reads
+# fewer compressed streams. 0: never.
 AGENTRUN_COMPACT_STEPS = env_int("AGENTRUN_COMPACT_STEPS", 1000)
 # Freed memory a process keeps for its next allocations instead of handing it back to the
 # kernel at once (glibc; agentrun/malloc.py): a step reuses its pages. 0: glibc's default.
