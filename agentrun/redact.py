@@ -189,6 +189,10 @@ _TOKENS = re.compile(
     r"|(?<!\w)(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"  # GitHub
 )
 
+# What every GitHub token in _TOKENS starts with: a text without one (most text that has an
+# underscore: identifiers, "call_12") is not scanned for tokens at all.
+_GITHUB_PREFIX = re.compile(r"gh[pousr]_|github_pat_")
+
 _BEARER = re.compile(r"(?<![\w\-])(?P<scheme>(?i:bearer))[ \t]+(?P<tok>[A-Za-z0-9\-._~+/]+=*)")
 
 
@@ -272,7 +276,7 @@ def redact_text(text: str) -> str:
             out = _sub_secret_pairs(_LINE_KEY, _LINE_VALUE, out)
         if "=" in out:
             out = _sub_secret_pairs(_ASSIGN_KEY, _ASSIGN_VALUE, out)
-    if "sk-" in out or "AKIA" in out or "_" in out:
+    if "sk-" in out or "AKIA" in out or ("_" in out and _GITHUB_PREFIX.search(out)):
         out = _TOKENS.sub(REDACTED, out)
     if "bearer" in lowered:
         out = _BEARER.sub(_bearer, out)

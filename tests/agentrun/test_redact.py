@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 import time
 
 import pytest
@@ -280,3 +281,35 @@ def test_pair_redaction_stays_linear_on_adversarial_text(text):
     started = time.perf_counter()
     redact_text(text)
     assert time.perf_counter() - started < 5
+
+
+# Pieces that make texts near every token pattern: prefixes, tokens cut short, the
+# characters the lookbehinds look at.
+_PIECES = st.sampled_from(
+    [
+        "sk-", "sk-proj-", "AKIA", "gh", "ghp_", "gho_", "ghx_", "github_", "github_pat_",
+        "g", "h", "_", "-", " ", "x", "Q", "7", "call_12", "through", OPENAI_KEY, AWS_KEY_ID,
+        GITHUB_TOKEN, "a1B2c3D4e5F6g7H8i9J0", "IOSFODNN7EXAMPLE",
+    ]
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_PIECES, max_size=12).map("".join))
+def test_texts_with_an_underscore_but_no_github_prefix_skip_the_token_scan_only(
+    text: str,
+) -> None:
+    # redact_text scans a text with an underscore for tokens only when it holds the start
+    # of a GitHub token (most such text is identifiers, "call_12"): the same text out as
+    # when every text with an underscore is scanned.
+    from agentrun import redact as r
+
+    out = redact_text(text)
+    if r._TOKENS.search(text):
+        assert out != text
+    scan_all = re.compile("")  # (matches every text)
+    original, r._GITHUB_PREFIX = r._GITHUB_PREFIX, scan_all
+    try:
+        assert out == redact_text(text)
+    finally:
+        r._GITHUB_PREFIX = original
