@@ -283,14 +283,12 @@ def test_pair_redaction_stays_linear_on_adversarial_text(text):
     assert time.perf_counter() - started < 5
 
 
+PREFIXES = ("sk-", "sk-proj-", "AKIA", "gh", "ghp_", "gho_", "ghx_", "github_", "github_pat_")
 # Pieces that make texts near every token pattern: prefixes, tokens cut short, the
 # characters the lookbehinds look at.
 _PIECES = st.sampled_from(
-    [
-        "sk-", "sk-proj-", "AKIA", "gh", "ghp_", "gho_", "ghx_", "github_", "github_pat_",
-        "g", "h", "_", "-", " ", "x", "Q", "7", "call_12", "through", OPENAI_KEY, AWS_KEY_ID,
-        GITHUB_TOKEN, "a1B2c3D4e5F6g7H8i9J0", "IOSFODNN7EXAMPLE",
-    ]
+    [*PREFIXES, "g", "h", "_", "-", " ", "x", "Q", "7", "call_12", "through"]
+    + [OPENAI_KEY, AWS_KEY_ID, GITHUB_TOKEN, "a1B2c3D4e5F6g7H8i9J0"]
 )
 
 
