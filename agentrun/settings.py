@@ -63,7 +63,9 @@ def database_from_url(url: str) -> dict:
             "timeout": env_float("DB_POOL_TIMEOUT", 30.0),
         }
     return {
-        "ENGINE": "django.db.backends.postgresql",
+        # Django's backend, whose pooled connection a step lends between its writes
+        # (agentrun/postgresql/base.py).
+        "ENGINE": "agentrun.postgresql",
         "NAME": unquote(parts.path.lstrip("/")),
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),

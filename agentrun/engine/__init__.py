@@ -16,7 +16,8 @@ Shared by all of them: `context` (the step's context and outcome), `lease` (guar
 writes and the one watchdog per process that renews the leases of waiting steps),
 `cache` (the latest state of each run this process works on) and `queue` (wake-ups).
 No transaction is held open across a policy or tool call, and no database
-connection either: a waiting step hands it back to the process's pool.
+connection either: a waiting step lends it, and it goes back to the process's pool
+after 10 ms or to another thread that needs one (agentrun/postgresql/base.py).
 """
 
 from agentrun.engine.cache import remember_state

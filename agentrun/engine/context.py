@@ -83,18 +83,21 @@ def flush_pending(ctx: Claimed) -> None:
 
 
 def release_connection() -> None:
-    """Hand this thread's database connection back to the pool before a long wait.
+    """Hand this thread's database connection back before a wait that may be long.
 
-    With a pool (PostgreSQL, DB_POOL_MAX_SIZE > 0) a checkout costs ~30 µs, so a
-    step returns its connection before every call to a model or a tool and takes
-    one again for its next write: connections per process stay at the pool's size
-    however many steps are in flight. Without a pool (SQLite), or inside a
+    With a pool (PostgreSQL, DB_POOL_MAX_SIZE > 0) a step does this before every call to
+    a model or a tool, and takes a connection again for its next write, so connections
+    per process stay at the pool's size however many steps are in flight. The
+    connection is lent (agentrun/postgresql/base.py): the step's next write takes it
+    back untouched if it is still there, another thread that needs one takes it, and
+    after 10 ms it goes back to the pool. Without a pool (SQLite), or inside a
     transaction, the connection stays.
     """
-    if connection.connection is None or connection.in_atomic_block:
-        return
-    if getattr(connection, "pool", None) is not None:
-        connection.close()
+    lend = getattr(connection, "lend", None)
+    if lend is not None:
+        lend()
+    elif getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+        connection.close()  # (Django's own backend, configured by hand)
 
 
 def mark_saved(obj: Any, pk: Any) -> None:
