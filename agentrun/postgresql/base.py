@@ -71,12 +71,15 @@ class _Lender:
             wrapper._lent = False
             self.lent.pop(wrapper, None)
 
-    def take_any(self) -> Any:
-        """The connection lent the longest ago (its thread will connect again), or None."""
+    def take_any(self, pool: Any) -> Any:
+        """The connection from `pool` lent the longest ago (its thread will connect
+        again), or None. (Another alias, or a pool replaced since, has connections of
+        its own.)"""
         with self.lock:
-            if not self.lent:
-                return None
-            return self._detach(next(iter(self.lent)))
+            for wrapper in self.lent:
+                if getattr(wrapper._conn, "_pool", None) is pool:
+                    return self._detach(wrapper)
+            return None
 
     def _detach(self, wrapper: DatabaseWrapper) -> Any:
         del self.lent[wrapper]
@@ -154,7 +157,8 @@ class DatabaseWrapper(base.DatabaseWrapper):
         return True
 
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
-        conn = LENDER.take_any() if self.pool is not None else None
+        pool = self.pool
+        conn = LENDER.take_any(pool) if pool is not None else None
         if conn is None:
             return super().get_new_connection(conn_params)
         # What super() sets besides: the wrapper's isolation level (the connection, from

@@ -186,3 +186,14 @@ def _in_thread_pid() -> int:
         return _backend_pid()
     finally:
         connections.close_all()
+
+
+def test_only_a_connection_of_the_same_pool_is_taken():
+    _backend_pid()
+    raw = connection.connection
+    release_connection()
+    assert base.LENDER.take_any(object()) is None  # another pool's thread: not this one
+    assert connection._lent and _lent() == {connections["default"]}
+    assert base.LENDER.take_any(connection.pool) is raw
+    assert connection._conn is None and not connection._lent
+    raw._pool.putconn(raw)
