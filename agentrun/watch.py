@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from copy import copy
 from dataclasses import dataclass, field
-from functools import cache, partial
+from functools import cache, lru_cache, partial
 from typing import Any
 
 from django.db.models import BinaryField, ExpressionWrapper, F, Q
@@ -202,9 +202,23 @@ def resolve(value: Any, path: Sequence[str | int]) -> Any:
 def _token(step: Any) -> str:
     # List indexes shift, and a number in a watched path may be a key or an index:
     # every number (and every all-digit key) is the same token.
-    if type(step) is int or (type(step) is str and _INDEX.fullmatch(step)):
+    if type(step) is int:
         return "#"
-    token = str(step).replace("~", "~0").replace("/", "~1").replace("\n", "~2")
+    if type(step) is str:
+        # (A state's keys are few and come back at every step: the short ones are kept.)
+        return _key_token(step) if len(step) <= 64 else _uncached_key_token(step)
+    return _escaped_token(str(step))
+
+
+def _uncached_key_token(key: str) -> str:
+    return "#" if _INDEX.fullmatch(key) else _escaped_token(key)
+
+
+_key_token = lru_cache(maxsize=4096)(_uncached_key_token)
+
+
+def _escaped_token(step: str) -> str:
+    token = step.replace("~", "~0").replace("/", "~1").replace("\n", "~2")
     # A text column holds no NUL and no lone surrogate: both are written as escapes.
     token = token.replace("\x00", "~3")
     return token.encode("utf-8", "backslashreplace").decode("utf-8")
