@@ -30,6 +30,9 @@ from typing import Any
 
 from django.db.backends.postgresql import base
 from django.db.backends.postgresql.psycopg_any import IsolationLevel
+from psycopg.pq import TransactionStatus
+
+_IDLE = TransactionStatus.IDLE
 
 #: How long a lent connection stays with its thread before it goes back to the pool.
 LEND_SECONDS = 0.01
@@ -148,9 +151,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
         pool = self.pool
         if self._lent or self._conn is None or self.in_atomic_block or pool is None:
             return False
-        if getattr(pool, "_waiting", None) or self._conn.broken or self._conn.closed:
-            # A thread waits in the pool for a connection: it gets this one now. (A broken
-            # one goes to the pool too, which drops it, rather than to another thread.)
+        conn = self._conn
+        if getattr(pool, "_waiting", None) or conn.info.transaction_status != _IDLE:
+            # A thread waits in the pool for a connection: it gets this one now. (One that
+            # is broken, or in a transaction opened by hand, goes to the pool too, which
+            # drops it or rolls back, rather than to another thread.)
             self.close()
         else:
             LENDER.lend(self)

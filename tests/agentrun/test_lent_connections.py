@@ -197,3 +197,13 @@ def test_only_a_connection_of_the_same_pool_is_taken():
     assert base.LENDER.take_any(connection.pool) is raw
     assert connection._conn is None and not connection._lent
     raw._pool.putconn(raw)
+
+
+def test_a_connection_in_a_transaction_opened_by_hand_goes_to_the_pool_not_to_a_thread():
+    connection.set_autocommit(False)
+    try:
+        _backend_pid()  # a transaction is open now
+        release_connection()
+        assert not connection._lent and connection._conn is None and _lent() == set()
+    finally:
+        connection.set_autocommit(True)
