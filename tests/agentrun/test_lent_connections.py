@@ -27,16 +27,21 @@ def _backend_pid() -> int:
         return cursor.fetchone()[0]
 
 
-def _in_thread(fn):
-    out: list = []
+def _closing(fn):
+    """fn, then this thread's connections back (as a worker thread's end does)."""
 
-    def run() -> None:
+    def run():
         try:
-            out.append(fn())
+            return fn()
         finally:
             connections.close_all()
 
-    t = threading.Thread(target=run)
+    return run
+
+
+def _in_thread(fn):
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(_closing(fn)()))
     t.start()
     t.join(timeout=30)
     assert not t.is_alive()
@@ -150,17 +155,15 @@ def test_a_connection_goes_to_the_pool_at_once_while_a_thread_waits_there():
     hold = threading.Event()
     holding: list[int] = []
 
+    @_closing
     def holder() -> None:
-        try:
-            holding.append(_backend_pid())
-            hold.wait(30)
-        finally:
-            connections.close_all()
+        holding.append(_backend_pid())
+        hold.wait(30)
 
     holders = [threading.Thread(target=holder) for _ in range(pool.max_size - 1)]
     for t in holders:
         t.start()
-    waiter = threading.Thread(target=lambda: holding.append(-_in_thread_pid()))
+    waiter = threading.Thread(target=lambda: holding.append(-_closing(_backend_pid)()))
     try:
         deadline = time.monotonic() + 20
         while len(holding) < pool.max_size - 1 and time.monotonic() < deadline:
@@ -179,13 +182,6 @@ def test_a_connection_goes_to_the_pool_at_once_while_a_thread_waits_there():
         for t in holders:
             t.join(timeout=30)
         waiter.join(timeout=30)
-
-
-def _in_thread_pid() -> int:
-    try:
-        return _backend_pid()
-    finally:
-        connections.close_all()
 
 
 def test_only_a_connection_of_the_same_pool_is_taken():
