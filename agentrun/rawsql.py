@@ -132,7 +132,7 @@ def instance(model: type[models.Model], values: dict[str, Any]) -> Any:
     """
     fields = _concrete(model)
     obj = model.from_db(
-        db().alias,
+        DEFAULT_DB_ALIAS,
         [name for name, _ in fields],
         [values[name] if name in values else f.get_default() for name, f in fields],
     )
@@ -293,13 +293,13 @@ class Guarded:
         does not wait for the WAL flush: the write survives any crash but the
         database server's own, and the next synchronous commit flushes it too.
         """
-        if db().vendor == "postgresql":
-            return self._execute_pg(sync)
+        conn = db()
+        if conn.vendor == "postgresql":
+            return self._execute_pg(sync, conn)
         return self._execute_sequential()
 
-    def _execute_pg(self, sync: bool) -> list[Any] | None:
+    def _execute_pg(self, sync: bool, conn: Any) -> list[Any] | None:
         sql = _statement(self.guard, self.parts, sync)
-        conn = db()
         params = list(self.guard_params)
         for part in self.parts:
             if part.kind != "select":

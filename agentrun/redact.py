@@ -28,7 +28,14 @@ import functools
 import re
 from typing import Any
 
-__all__ = ["REDACTED", "SECRET_KEY_NAMES", "is_secret_key", "redact", "redact_text"]
+__all__ = [
+    "REDACTED",
+    "SECRET_KEY_NAMES",
+    "hides_nothing",
+    "is_secret_key",
+    "redact",
+    "redact_text",
+]
 
 #: Replacement for anything secret.
 REDACTED = "[REDACTED]"
@@ -127,7 +134,7 @@ def is_secret_key(key: str) -> bool:
     return False
 
 
-def _hides_nothing(value: Any) -> bool:
+def hides_nothing(value: Any) -> bool:
     # Empty and boolean values cannot leak a secret, and keeping them shows
     # whether a credential was set at all.
     return value is None or value == "" or isinstance(value, bool) or value == REDACTED
@@ -201,7 +208,7 @@ def _redact_pair_value(val: str) -> str:
     for quote in ('\\"', '"', "'"):
         if len(val) >= 2 * len(quote) and val.startswith(quote) and val.endswith(quote):
             inner = val[len(quote) : -len(quote)]
-            if _hides_nothing(inner):
+            if hides_nothing(inner):
                 return val
             scheme = _AUTH_SCHEME.match(inner)
             kept = scheme.group(0) if scheme else ""
@@ -257,6 +264,12 @@ def _bearer(match: re.Match[str]) -> str:
     return match.group(0)
 
 
+def _may_hold_pair(text: str, lowered: str) -> bool:
+    """Whether `text` may hold a secret-named pair: a separator and a secret's name. The
+    separators first: much long text (prose) has neither, and then ten scans are saved."""
+    return (":" in text or "=" in text) and any(hint in lowered for hint in _SECRET_HINTS)
+
+
 def redact_text(text: str) -> str:
     """Return ``text`` with credentials replaced by :data:`REDACTED`.
 
@@ -270,7 +283,7 @@ def redact_text(text: str) -> str:
     if "-----BEGIN" in out:
         out = _PEM_PRIVATE_KEY.sub(REDACTED, out)
     lowered = out.lower()
-    if any(hint in lowered for hint in _SECRET_HINTS):
+    if _may_hold_pair(out, lowered):
         if ":" in out:
             out = _sub_secret_pairs(_QUOTED_KEY, _QUOTED_VALUE, out, quote_bare=True)
             out = _sub_secret_pairs(_LINE_KEY, _LINE_VALUE, out)
@@ -303,7 +316,7 @@ def redact(value: Any) -> Any:
         changed: dict[Any, Any] | None = None
         for key, item in value.items():
             if is_secret_key(key):
-                new = item if _hides_nothing(item) else REDACTED
+                new = item if hides_nothing(item) else REDACTED
             else:
                 new = redact(item)
             if new is not item:

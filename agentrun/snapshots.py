@@ -139,21 +139,24 @@ def build(
     """An unsaved Snapshot of `state` (the caller saves it inside its commit) and its hash tree."""
     seq = Snapshot.seq_for(step, at)
     enc = encode(state, seq, prev, prev_state, prev_node)
-    snapshot = Snapshot(
-        run_id=run_id,
-        step=step,
-        at=at,
-        seq=seq,
-        kind=enc.kind,
-        data=enc.data,
-        keyframe_seq=enc.keyframe_seq,
-        hash=enc.node.hex,
-        size=enc.node.size,
-        stored_bytes=enc.stored_bytes,
-        chain_bytes=enc.chain_bytes,
-        phase=_phase(state),
-        outcome=outcome,
-        paths=enc.paths,
+    snapshot = rawsql.instance(
+        Snapshot,
+        {
+            "run_id": run_id,
+            "step": step,
+            "at": at,
+            "seq": seq,
+            "kind": enc.kind,
+            "data": enc.data,
+            "keyframe_seq": enc.keyframe_seq,
+            "hash": enc.node.hex,
+            "size": enc.node.size,
+            "stored_bytes": enc.stored_bytes,
+            "chain_bytes": enc.chain_bytes,
+            "phase": _phase(state),
+            "outcome": outcome,
+            "paths": enc.paths,
+        },
     )
     return snapshot, enc.node
 

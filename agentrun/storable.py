@@ -29,6 +29,8 @@ from typing import Any
 
 from django.conf import settings
 
+from agentrun.redact import REDACTED, hides_nothing, is_secret_key, redact_text
+
 #: The rule as a JSON Schema pattern, for API documents: no NUL. (A lone surrogate is
 #: no Unicode at all: JSON Schema's strings can't hold one, so no pattern can name it.)
 TEXT_PATTERN = r"^[^\u0000]*$"
@@ -67,6 +69,28 @@ def escape(value: Any) -> Any:
         return {(escape_text(k) if isinstance(k, str) else k): escape(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [escape(v) for v in value]
+    return value
+
+
+def escape_redacted(value: Any) -> Any:
+    """redact(escape(value)) in one walk: how a step keeps a decision or a tool's result,
+    its text escaped (see escape) and then its secrets redacted (see agentrun.redact).
+    Always a copy of its lists and objects, tuples made lists. Recursive, as escape."""
+    if isinstance(value, str):
+        return redact_text(escape_text(value))
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if isinstance(key, str):
+                key = escape_text(key)
+                if is_secret_key(key):
+                    # What hides nothing (None, "", a boolean, REDACTED) escapes as itself.
+                    out[key] = item if hides_nothing(item) else REDACTED
+                    continue
+            out[key] = escape_redacted(item)
+        return out
+    if isinstance(value, list | tuple):
+        return [escape_redacted(v) for v in value]
     return value
 
 
@@ -190,6 +214,13 @@ def _clears(value: Any, limit: int, text: bool, max_bytes: float) -> bool:
         if size > max_bytes:
             return False
     return True
+
+
+def clears(value: Any, *, depth: int | None = None, max_bytes: int | None = None) -> bool:
+    """Whether `value` surely has none of problem()'s problems (text not checked): one
+    quick walk; False means it may have one."""
+    limit = max_depth() if depth is None else depth
+    return _clears(value, limit, False, math.inf if max_bytes is None else max_bytes)
 
 
 def problem(

@@ -42,7 +42,6 @@ from agentrun.models import (
     ToolCallStatus,
     WaitReason,
 )
-from agentrun.redact import redact
 from agentrun.storable import escape_text
 from agentrun.tools import Tool, ToolContext, get_tool
 
@@ -183,7 +182,7 @@ def _invoke(ctx: Claimed, call: Call, tc: ToolCall, t: Tool) -> CallResult | Out
         tc.attempts[-1]["error"] = None
         tc.status, tc.result, tc.error, tc.finished_at = (
             ToolCallStatus.OK,
-            redact(storable.escape(result)),  # escaped once, here
+            storable.escape_redacted(result),  # escaped once, here
             "",
             timezone.now(),
         )

@@ -11,8 +11,7 @@ from agentrun.models import (
     ToolCall,
     ToolCallStatus,
 )
-from agentrun.redact import redact
-from agentrun.storable import escape, escape_text
+from agentrun.storable import escape_redacted, escape_text
 from agentrun.tools import ToolContext, get_tool
 
 
@@ -32,7 +31,7 @@ def compensate_run(run: Run) -> int:
                 "status": "ok",
                 "at": timezone.now().isoformat(),
                 "key": key,
-                "result": redact(escape(outcome)),
+                "result": escape_redacted(outcome),
             }
             tc.status = ToolCallStatus.COMPENSATED
             done += 1

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from agentrun import hashing
 from agentrun.agents import Agent, Call, CallResult, StepContext
@@ -93,18 +93,19 @@ def release_connection() -> None:
     after 10 ms it goes back to the pool. Without a pool (SQLite), or inside a
     transaction, the connection stays.
     """
-    lend = getattr(connection, "lend", None)
+    conn = connections[DEFAULT_DB_ALIAS]  # (not the proxy, django.db.connection: a hot path)
+    lend = getattr(conn, "lend", None)
     if lend is not None:
         lend()
-    elif getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
-        connection.close()  # (Django's own backend, configured by hand)
+    elif getattr(conn, "pool", None) is not None and not conn.in_atomic_block:
+        conn.close()  # (Django's own backend, configured by hand)
 
 
 def mark_saved(obj: Any, pk: Any) -> None:
     """Mark an object inserted with raw SQL as saved, with its new primary key."""
     obj.pk = pk
     obj._state.adding = False
-    obj._state.db = connection.alias
+    obj._state.db = DEFAULT_DB_ALIAS  # the engine's one connection
 
 
 DONE = (ToolCallStatus.OK, ToolCallStatus.SKIPPED, ToolCallStatus.COMPENSATED)

@@ -62,7 +62,8 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
         release_connection()
         with WATCHDOG.watching(ctx):
             decision = ctx.agent.decide(ctx.pre_state, ctx.sctx)
-        problem = _shape_problem(decision) or _check_decision(ctx.agent, decision)
+        as_dict = decision.to_dict()
+        problem = _shape_problem(decision, as_dict) or _check_decision(ctx.agent, decision)
     except AgentError as exc:
         retry = _decide_retry(ctx, exc)
         if retry is not None:
@@ -90,7 +91,7 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
         )
     latency = (time.perf_counter() - started) * 1000
     # Escaped once, here: text the database can't hold, kept as the model sent it.
-    stored = redact(storable.escape(decision.to_dict()))
+    stored = storable.escape_redacted(as_dict)
     llm = decision.llm or {}
     now = timezone.now()
     write = lease_guard(ctx, now)
@@ -195,20 +196,27 @@ def _replay_decision(ctx: Claimed) -> Decision | None:
     return decision
 
 
-def _shape_problem(decision: Decision) -> str | None:
+def _shape_problem(decision: Decision, as_dict: dict[str, Any] | None = None) -> str | None:
     """Why a decision can't be stored as it is (too deep, too large), or None.
 
     Text the database can't hold is no problem: redaction escapes it. The step
     fails instead of asking the model again, which would spend tokens for nothing.
+    `as_dict`: decision.to_dict(), when the caller has it.
     """
+    as_dict = decision.to_dict() if as_dict is None else as_dict
+    max_bytes = settings.AGENTRUN_JSON_MAX_BYTES
+    # One walk clears most decisions: the whole within the args' own depth limit, which
+    # is the stricter one (the args sit three levels down: decision, calls, call).
+    if storable.clears(as_dict, depth=storable.max_depth() + 3, max_bytes=max_bytes):
+        return None
     for i, call in enumerate(decision.calls):
         problem = storable.problem(call.args, what=f"calls[{i}].args")
         if problem:
             return f"the decision can't be stored: {problem}"
     problem = storable.problem(
-        decision.to_dict(),
+        as_dict,
         depth=storable.max_depth(state=True),
-        max_bytes=settings.AGENTRUN_JSON_MAX_BYTES,
+        max_bytes=max_bytes,
         what="decision",
         named="the decision",
     )
@@ -218,7 +226,7 @@ def _shape_problem(decision: Decision) -> str | None:
 def _preview(decision: Decision, limit: int = 4000) -> Any:
     """The decision as a failure keeps it: whole if it can be stored, else its text's start."""
     if _shape_problem(decision) is None:
-        return redact(storable.escape(decision.to_dict()))
+        return storable.escape_redacted(decision.to_dict())
     try:
         text = json.dumps(decision.to_dict(), ensure_ascii=False, default=str)
     except (RecursionError, ValueError):
@@ -252,17 +260,23 @@ def _planned_call(ctx: Claimed, index: int, call: Call) -> ToolCall:
     t = get_tool(call.tool)
     args = redact(call.args)
     args_hash = delta.state_hash(call.args)
-    return ToolCall(
-        run=ctx.run,
-        step=ctx.step,
-        index=index,
-        tool=call.tool,
-        kind=t.kind,
-        args=args,
-        args_hash=args_hash,
-        idempotency_key=idempotency_key(ctx.run.pk, ctx.step.number, index, call.tool, args_hash),
-        status=ToolCallStatus.PLANNED,
-        requires_approval=call.approval or t.requires_approval,
+    # Built as rawsql builds one (a step makes one per call; keyword arguments cost more).
+    return rawsql.instance(
+        ToolCall,
+        {
+            "run_id": ctx.run.pk,
+            "step_id": ctx.step.pk,
+            "index": index,
+            "tool": call.tool,
+            "kind": t.kind,
+            "args": args,
+            "args_hash": args_hash,
+            "idempotency_key": idempotency_key(
+                ctx.run.pk, ctx.step.number, index, call.tool, args_hash
+            ),
+            "status": ToolCallStatus.PLANNED,
+            "requires_approval": call.approval or t.requires_approval,
+        },
     )
 
 

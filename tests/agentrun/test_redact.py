@@ -311,3 +311,25 @@ def test_texts_with_an_underscore_but_no_github_prefix_skip_the_token_scan_only(
         assert out == redact_text(text)
     finally:
         r._GITHUB_PREFIX = original
+
+
+_PAIR_PIECES = st.sampled_from(
+    [":", "=", " ", "\n", '"', "'", "\\", "x", "7", "Token", "token", "PASSWORD", "secret"]
+    + ["api_key", "Api-Key", "cookie", "authorization", "private_key", "max_tokens", "Bearer"]
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_PAIR_PIECES, max_size=14).map("".join))
+def test_texts_without_a_separator_skip_the_pair_scan_only(text: str) -> None:
+    # redact_text looks for a secret's name only in text with a ":" or a "=": the same
+    # text out as when every text is looked at.
+    from agentrun import redact as r
+
+    out = redact_text(text)
+    original = r._may_hold_pair
+    r._may_hold_pair = lambda text, lowered: any(h in lowered for h in r._SECRET_HINTS)
+    try:
+        assert out == redact_text(text)
+    finally:
+        r._may_hold_pair = original
