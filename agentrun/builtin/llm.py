@@ -544,11 +544,14 @@ class LLMAgent(StateAgent):
                 f" ({where['base_url']}, {model})",
                 detail=_clean({**where, "body": body_text[:_BODY_LIMIT]}, key),
             )
-        # Redacted here, not only with the whole decision in the engine: the decision's
-        # words quote the model's arguments cut short ("call echo {"password": "hun…"),
-        # and a cut secret is no longer one that redaction can recognise.
+        # The response is redacted here, not only with the whole decision in the engine:
+        # the decision's words quote the model's arguments cut short ("call echo
+        # {"password": "hun…"), and a cut secret is no longer one that redaction can
+        # recognise. The request's messages are quoted nowhere: the engine's redaction of
+        # the decision covers them (a walk of the whole history less a step); only the
+        # key itself, which no pattern knows, is replaced here.
         response = _clean(response, key)
-        request = _clean(request, key)
+        request = _scrub(request, key)
         decision = self._decision(response, model=model, names=names, where=where)
         usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
         tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")

@@ -268,6 +268,29 @@ def test_secrets_in_the_models_answer_are_redacted_before_they_are_stored_or_use
 
 
 @pytest.mark.django_db
+def test_the_request_stored_with_a_decision_holds_no_secret_of_the_history(fake):
+    """The request's messages (the run's history) are stored with each decision. A
+    secret that redaction knows never reaches the history (the input is redacted); the
+    API key, which no pattern knows, may (a goal quoting it): it is sent to the model as
+    the run holds it, and replaced in the request stored."""
+    token = "ghp_" + "Q7w2E9r4T6y1U8i3O5p0A2s4D6f8G1h3J5k7"
+    fake.push(
+        completion(tool_calls=[tool_call("echo", {"text": "hi"})]),
+        completion("done"),
+    )
+    run = drive(start(goal=f"Echo hi; password=hunter2-xyz, {token}, key {API_KEY}"))
+
+    assert run.status == "succeeded", run.error
+    sent = [json.dumps(r.json["messages"]) for r in fake.chat_requests()]
+    assert len(sent) == 2 and all(API_KEY in text for text in sent)
+    for step in Step.objects.filter(run=run).order_by("number"):
+        stored = json.dumps(step.decision["llm"]["request"]["messages"])
+        assert "Echo hi" in stored and "[REDACTED]" in stored
+        for secret in (token, "hunter2-xyz", API_KEY):
+            assert secret not in stored
+
+
+@pytest.mark.django_db
 def test_token_counts_are_parameters_not_new_statements(fake):
     """Every provider answer has its own counts: written into the SQL, each was a new
     statement, cached in the process forever (and prepared anew by the server)."""
