@@ -13,7 +13,7 @@ class AgentrunConfig(AppConfig):
         from django.conf import settings
 
         from agentrun import builtin  # noqa: F401
-        from agentrun.malloc import keep_freed_memory
+        from agentrun.infra.malloc import keep_freed_memory
 
         keep_freed_memory(settings.AGENTRUN_MALLOC_TRIM_MB)
 

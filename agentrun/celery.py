@@ -14,9 +14,9 @@ from celery.signals import (
 from kombu.transport import TRANSPORT_ALIASES
 
 # "filesystem://" (the embedded default) gets the atomic-write variant.
-TRANSPORT_ALIASES["filesystem"] = "agentrun.broker:Transport"
+TRANSPORT_ALIASES["filesystem"] = "agentrun.infra.broker:Transport"
 # Redis: kombu's transport without a new client per command (see the module).
-TRANSPORT_ALIASES["redis"] = TRANSPORT_ALIASES["rediss"] = "agentrun.celery_redis:Transport"
+TRANSPORT_ALIASES["redis"] = TRANSPORT_ALIASES["rediss"] = "agentrun.infra.redis:Transport"
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrun.settings")
 

@@ -42,7 +42,7 @@ def database_from_url(url: str) -> dict:
     if parts.scheme not in ("postgres", "postgresql"):
         raise ValueError(f"DATABASE_URL: unsupported scheme {parts.scheme!r}")
     options: dict = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    # The engine's step statements (agentrun/rawsql.py) are prepared on the server;
+    # The engine's step statements (agentrun/store/rawsql.py) are prepared on the server;
     # Django's own queries never are. Behind a pooler that can't keep prepared
     # statements, add ?prepare_threshold=none to the URL.
     threshold = options.pop("prepare_threshold", "5")
@@ -64,8 +64,8 @@ def database_from_url(url: str) -> dict:
         }
     return {
         # Django's backend, whose pooled connection a step lends between its writes
-        # (agentrun/postgresql/base.py).
-        "ENGINE": "agentrun.postgresql",
+        # (agentrun/infra/postgresql/base.py).
+        "ENGINE": "agentrun.infra.postgresql",
         "NAME": unquote(parts.path.lstrip("/")),
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
@@ -245,7 +245,7 @@ CELERY_BEAT_SCHEDULE = {
 AGENTRUN_RETENTION_DAYS = env_float("AGENTRUN_RETENTION_DAYS", 30.0)
 if AGENTRUN_RETENTION_DAYS < 0:
     raise ValueError("AGENTRUN_RETENTION_DAYS must be 0 (keep forever) or more")
-# Seconds between purge passes (beat); see agentrun.retention.pass_budget for how long one works.
+# Seconds between purge passes (beat); see agentrun.lifecycle.retention.pass_budget for how long one works.
 AGENTRUN_PURGE_EVERY = env_float("AGENTRUN_PURGE_EVERY", 3600.0)
 # Rows one purge statement deletes (each its own short transaction).
 AGENTRUN_PURGE_BATCH = env_int("AGENTRUN_PURGE_BATCH", 1000)
@@ -260,7 +260,7 @@ AGENTRUN_AGENT_MODULES = [m.strip() for m in env("AGENTRUN_AGENT_MODULES").split
 AGENTRUN_FAULTS = env_bool("AGENTRUN_FAULTS", EMBEDDED)
 AGENTRUN_MAX_INPUT_BYTES = env_int("AGENTRUN_MAX_INPUT_BYTES", 1024 * 1024)
 AGENTRUN_MAX_STEPS = env_int("AGENTRUN_MAX_STEPS", 10_000)
-# JSON limits, the same at every entry (agentrun.storable): a value that goes into a state
+# JSON limits, the same at every entry (agentrun.security.storable): a value that goes into a state
 # (run input, tool arguments and results, a model's reply) nests at most this many levels
 # (a whole state 20 more), and a tool's result or a model's reply is at most this large.
 AGENTRUN_JSON_MAX_DEPTH = env_int("AGENTRUN_JSON_MAX_DEPTH", 64)
@@ -291,19 +291,19 @@ AGENTRUN_STATE_CACHE_MB = env_int("AGENTRUN_STATE_CACHE_MB", 256)
 # 10,000-step run of the bench workload: ~30 MB), up to this size.
 AGENTRUN_SEARCH_CACHE_MB = env_int("AGENTRUN_SEARCH_CACHE_MB", 64)
 # A run that ends with at least this many steps gets a stored search index of its tool
-# calls' text (agentrun.callsearch): a first search of a 10,000-step run in 45 ms, not
+# calls' text (agentrun.store.callsearch): a first search of a 10,000-step run in 45 ms, not
 # 0.4 s, for about 1.5 KB a step. Shorter runs are scanned as fast without one. 0: none.
 AGENTRUN_SEARCH_INDEX_STEPS = env_int("AGENTRUN_SEARCH_INDEX_STEPS", 2000)
 
 # A run that ends with at least this many steps has its deltas regrouped by a worker
-# (agentrun.compaction): a third fewer bytes, and a history that reads every step reads
+# (agentrun.store.compaction): a third fewer bytes, and a history that reads every step reads
 # fewer compressed streams. 0: never.
 AGENTRUN_COMPACT_STEPS = env_int("AGENTRUN_COMPACT_STEPS", 1000)
 # Freed memory a process keeps for its next allocations instead of handing it back to the
-# kernel at once (glibc; agentrun/malloc.py): a step reuses its pages. 0: glibc's default.
+# kernel at once (glibc; agentrun/infra/malloc.py): a step reuses its pages. 0: glibc's default.
 AGENTRUN_MALLOC_TRIM_MB = env_int("AGENTRUN_MALLOC_TRIM_MB", 64)
 
-# Importing a run's archive (agentrun.archive): the archive's size as uploaded, what it
+# Importing a run's archive (agentrun.lifecycle.archive): the archive's size as uploaded, what it
 # may inflate to (a gzip bomb stops here, not in memory) and its longest line (one record).
 AGENTRUN_IMPORT_MAX_BYTES = env_int("AGENTRUN_IMPORT_MAX_BYTES", 1024**3)
 AGENTRUN_IMPORT_MAX_EXPANDED_BYTES = env_int("AGENTRUN_IMPORT_MAX_EXPANDED_BYTES", 8 * 1024**3)
@@ -313,8 +313,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    # Celery's lines about each reconciler pass are DEBUG (agentrun/logs.py).
-    "filters": {"quiet_routine_tasks": {"()": "agentrun.logs.QuietRoutineTasks"}},
+    # Celery's lines about each reconciler pass are DEBUG (agentrun/infra/logs.py).
+    "filters": {"quiet_routine_tasks": {"()": "agentrun.infra.logs.QuietRoutineTasks"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",

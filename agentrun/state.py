@@ -27,7 +27,7 @@ from enum import StrEnum
 from operator import is_
 from typing import Any
 
-from agentrun import prefixes
+from agentrun.store import prefixes
 
 __all__ = [
     "MESSAGE_OVERHEAD_TOKENS",
@@ -456,7 +456,7 @@ _FIELDS = (
 class _Log(list):  # type: ignore[type-arg]
     """A list field of a typed state that knows whether it only grew since it was read
     from a state dict (or last written to one): then the next dict's list starts with
-    that dict's very items, and `agentrun.prefixes` is told so. Any other change
+    that dict's very items, and `agentrun.store.prefixes` is told so. Any other change
     (set, delete, insert, pop, sort...) makes it say nothing."""
 
     __slots__ = ("source", "source_len", "kept")

@@ -3,7 +3,8 @@
 from celery import shared_task
 from django.conf import settings
 
-from agentrun import engine, reconcile
+from agentrun import engine
+from agentrun.engine import reconcile
 
 
 @shared_task(name="agentrun.execute_step")
@@ -18,7 +19,7 @@ def reconcile_task() -> dict:
 
 @shared_task(name="agentrun.purge")
 def purge_task() -> dict:
-    from agentrun import retention
+    from agentrun.lifecycle import retention
 
     return retention.run_pass()
 
@@ -27,13 +28,13 @@ def purge_task() -> dict:
 # (a search of the run asks again).
 @shared_task(name="agentrun.search_index", acks_late=False)
 def search_index_task(run_id: str) -> int:
-    from agentrun import callsearch
+    from agentrun.store import callsearch
 
     return callsearch.build(run_id)
 
 
 @shared_task(name="agentrun.compact", acks_late=False)
 def compact_task(run_id: str) -> int:
-    from agentrun import compaction
+    from agentrun.store import compaction
 
     return compaction.compact(run_id)

@@ -6,6 +6,6 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    path("api/", include("agentrun.api_urls")),
+    path("api/", include("agentrun.api.urls")),
     path("", include("debugger.urls")),
 ]

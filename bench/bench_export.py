@@ -38,7 +38,8 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from agentrun import archive, engine, services  # noqa: E402
+from agentrun import engine  # noqa: E402
+from agentrun.lifecycle import archive, services  # noqa: E402
 from agentrun.models import Event, Run, Snapshot  # noqa: E402
 
 N = 1000

@@ -39,8 +39,9 @@ django.setup()
 from django.db import connection  # noqa: E402
 from django.db.models import Count  # noqa: E402
 
-from agentrun import rawsql, snapshots  # noqa: E402
-from agentrun.models import CompressedJSONField, Snapshot, SnapshotKind, _decompress  # noqa: E402
+from agentrun.models import CompressedJSONField, Snapshot, SnapshotKind  # noqa: E402
+from agentrun.store import rawsql, snapshots  # noqa: E402
+from agentrun.store.codec import _decompress  # noqa: E402
 
 GROUPS = (16, 64, 256)
 

@@ -59,7 +59,7 @@ SEARCHES = {
 def build(variant: str, n: int) -> Any:
     from django.conf import settings
 
-    from agentrun import services
+    from agentrun.lifecycle import services
     from bench.measure import engine_steps
 
     settings.AGENTRUN_ENQUEUE = False
@@ -91,7 +91,7 @@ def _add_backoffs(run: Any, numbers: tuple[int, ...]) -> None:
     the step's wall time stretched by the backoff."""
     from datetime import timedelta
 
-    from agentrun.events import record_event
+    from agentrun.audit.events import record_event
     from agentrun.models import Step
 
     for k in numbers:
@@ -206,8 +206,8 @@ def build_index(run: Any, n_steps: int) -> dict[str, Any]:
     time, and its bytes (the values as stored, compressed) per step."""
     from django.db import connection
 
-    from agentrun import callsearch
     from agentrun.models import SearchBlock
+    from agentrun.store import callsearch
 
     started = time.perf_counter()
     blocks = callsearch.build(run.pk)
@@ -333,7 +333,7 @@ def main() -> None:
     reuse = dict(pair.split("=", 1) for pair in args.reuse.split(",") if pair)
 
     env.setup()
-    from agentrun.roles import create_user
+    from agentrun.security.roles import create_user
 
     create_user("bench-long", "viewer", PASSWORD)
     results: dict[str, Any] = {"server": env.server_settings()}

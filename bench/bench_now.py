@@ -36,9 +36,9 @@ from django.test import Client  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from agentrun import inflight  # noqa: E402
+from agentrun.engine import inflight  # noqa: E402
 from agentrun.models import Run, Step  # noqa: E402
-from agentrun.roles import create_user  # noqa: E402
+from agentrun.security.roles import create_user  # noqa: E402
 from tests.base import make_in_flight  # noqa: E402
 
 REPEAT = 20

@@ -42,9 +42,9 @@ from django.test import Client  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from agentrun import snapshots  # noqa: E402
 from agentrun.models import Run, Snapshot, Step, ToolCall  # noqa: E402
-from agentrun.roles import create_user  # noqa: E402
+from agentrun.security.roles import create_user  # noqa: E402
+from agentrun.store import snapshots  # noqa: E402
 from debugger import timeline  # noqa: E402
 from debugger.diffs import diff_states  # noqa: E402
 

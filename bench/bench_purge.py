@@ -261,7 +261,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from agentrun import retention
+    from agentrun.lifecycle import retention
     from agentrun.models import Run
 
     assert connection.vendor == "postgresql", "give it a PostgreSQL DATABASE_URL of its own"

@@ -38,9 +38,9 @@ def _timed(fn: Any, repeats: int) -> tuple[float, float]:
 
 
 def _forget() -> None:
-    from agentrun import models, snapshots
+    from agentrun.store import codec, snapshots
 
-    models.forget_dictionaries()
+    codec.forget_dictionaries()
     if hasattr(snapshots, "forget_keyframe_texts"):
         snapshots.forget_keyframe_texts()
 
@@ -57,8 +57,9 @@ def main() -> int:
     env.setup()
     from django.conf import settings
 
-    from agentrun import services, snapshots
+    from agentrun.lifecycle import services
     from agentrun.models import Snapshot
+    from agentrun.store import snapshots
     from bench.measure import engine_steps, inputs
     from debugger.states import diff_snapshots
 

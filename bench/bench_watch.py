@@ -11,7 +11,7 @@
    the mean over steps 51-150 and over the last 100 steps, and their ratio. With
    --interleaved K, K more measurements that don't compare two moments of a machine whose
    speed drifts: the last 100 steps of one run taken in turns with steps 51-150 of another.
-2. The history of one path (agentrun.watch.history, what the watch page, the API and
+2. The history of one path (agentrun.store.watch.history, what the watch page, the API and
    `manage.py watch` call): its first page, as the API and the page ask for it (they read
    the run only as far as the page), and the whole history (the command, a last page), in
    10,000-step runs of the plain-dict `workload` agent, grow and
@@ -19,7 +19,7 @@
    on a new database connection. The workload runs' snapshots are written as the engine
    writes them (snapshots.build: a REF pre and a delta or keyframe post per step) without
    running the steps, which would take minutes and change nothing that is read here.
-   With --regrouped, every run's deltas are regrouped first (agentrun.compaction, as a
+   With --regrouped, every run's deltas are regrouped first (agentrun.store.compaction, as a
    worker does when a long run ends), and the histories read that.
 
 It migrates the database and deletes the runs it made (and only those) at the start of
@@ -54,8 +54,10 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from agentrun import engine, services, watch  # noqa: E402
+from agentrun import engine  # noqa: E402
+from agentrun.lifecycle import services  # noqa: E402
 from agentrun.models import Run, Step  # noqa: E402
+from agentrun.store import watch  # noqa: E402
 
 LABEL = "bench_watch"  # in the run input: how this script finds (and deletes) its own runs
 
@@ -123,8 +125,8 @@ def interleaved(agent: str, variant: str, n: int, pairs: int = 100) -> dict[str,
 
 def snapshot_chain(variant: str, n: int) -> Run:
     """A finished run whose snapshots are the workload's n steps, stored as the engine does."""
-    from agentrun import hashing, snapshots
     from agentrun.models import Snapshot
+    from agentrun.store import hashing, snapshots
     from bench.wl import workload
 
     run = Run.objects.create(
@@ -153,12 +155,12 @@ def snapshot_chain(variant: str, n: int) -> Run:
 
 
 def regroup(runs: Any) -> None:
-    """Regroup each run's deltas (agentrun.compaction); print the time and the bytes."""
+    """Regroup each run's deltas (agentrun.store.compaction); print the time and the bytes."""
     from django.db.models import BinaryField, ExpressionWrapper, F, Sum
     from django.db.models.functions import Length
 
-    from agentrun import compaction
     from agentrun.models import Snapshot
+    from agentrun.store import compaction
 
     settings.AGENTRUN_COMPACT_STEPS = 1
     raw = Length(ExpressionWrapper(F("data"), output_field=BinaryField()))
@@ -193,11 +195,11 @@ def time_history(run: Run, path: str, repeat: int, limit: int | None) -> dict[st
     parsed = watch.parse_path(path)
     walls, cpus = [], []
     found = None
-    from agentrun import models
+    from agentrun.store import codec
 
     for _ in range(repeat):
         connection.close()  # a cold connection each time, as a page request on a new worker
-        models.forget_groups()  # and no group text read before (regrouped runs)
+        codec.forget_groups()  # and no group text read before (regrouped runs)
         t, c = time.perf_counter(), time.process_time()
         found = watch.history(run, parsed, limit=limit)
         walls.append(time.perf_counter() - t)
@@ -241,7 +243,7 @@ def main() -> None:
     parser.add_argument(
         "--regrouped",
         action="store_true",
-        help="regroup the runs' deltas first (agentrun.compaction, as a worker does when a "
+        help="regroup the runs' deltas first (agentrun.store.compaction, as a worker does when a "
         "long run ends) and measure the histories on that",
     )
     args = parser.parse_args()

@@ -109,7 +109,7 @@ def main() -> int:
     if not args.existing:
         from django.conf import settings
 
-        from agentrun import services
+        from agentrun.lifecycle import services
         from bench.measure import engine_steps, inputs
 
         settings.AGENTRUN_ENQUEUE = False

@@ -249,8 +249,9 @@ def e2e_repeat(
     """
     from django.conf import settings
 
-    from agentrun import services, snapshots
+    from agentrun.lifecycle import services
     from agentrun.models import Run, Step
+    from agentrun.store import snapshots
     from bench.measure import check_state, inputs
 
     env.truncate()
@@ -372,7 +373,7 @@ def noop_repeat(n: int, workers: Workers, budget_s: float) -> dict[str, Any]:
 def throughput(workers: int, runs: int, steps: int, budget_s: float) -> dict[str, Any]:
     """Trivial steps per second: `runs` concurrent scripted runs of echo steps."""
 
-    from agentrun import services
+    from agentrun.lifecycle import services
     from agentrun.models import Step
     from agentrun.tasks import execute_step_task
 

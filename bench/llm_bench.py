@@ -350,7 +350,7 @@ def create_runs(agent: str, make_input: Callable[[], Any], n: int, deadline: flo
     without waiting for the WAL flush: creating them is not what is measured."""
     from django.db import connection
 
-    from agentrun import services
+    from agentrun.lifecycle import services
     from agentrun.models import Run
 
     with connection.cursor() as cur:

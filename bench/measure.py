@@ -163,13 +163,13 @@ def diff_display() -> tuple[str, Any, Any]:
     The debugger's `diff_snapshots` is what its diff views call, loading included;
     without the debugger, two `snapshots.load_state` and the engine's structural diff.
     """
-    from agentrun import snapshots
+    from agentrun.store import snapshots
 
     try:
         from debugger.diffs import diff_states
         from debugger.states import diff_snapshots
     except ImportError:
-        from agentrun import delta
+        from agentrun.store import delta
 
         def states(a: Any, b: Any, sa: int, sb: int) -> Any:
             return delta.diff(a, b)
@@ -177,15 +177,16 @@ def diff_display() -> tuple[str, Any, Any]:
         def snaps(a: Any, b: Any) -> Any:
             return states(snapshots.load_state(a), snapshots.load_state(b), a.size, b.size)
 
-        return "agentrun.delta.diff", snaps, states
+        return "agentrun.store.delta.diff", snaps, states
     return "debugger.states.diff_snapshots", diff_snapshots, diff_states
 
 
 def one_repeat(variant: str, n: int, run_no: int, reads: int, budget_s: float) -> dict[str, Any]:
     from django.conf import settings
 
-    from agentrun import services, snapshots
+    from agentrun.lifecycle import services
     from agentrun.models import Run, Step
+    from agentrun.store import snapshots
 
     settings.AGENTRUN_ENQUEUE = False
     deadline = time.monotonic() + budget_s

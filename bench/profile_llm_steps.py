@@ -45,8 +45,8 @@ def main() -> int:
         env.setup()
         from django.conf import settings
 
-        from agentrun import services
         from agentrun.builtin import llm
+        from agentrun.lifecycle import services
 
         llm.prepare()
         profiler = cProfile.Profile(time.process_time) if args.profile else None

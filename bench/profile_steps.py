@@ -39,7 +39,9 @@ def main() -> int:
     from django.conf import settings
     from django.db import connection
 
-    from agentrun import engine, services, snapshots
+    from agentrun import engine
+    from agentrun.lifecycle import services
+    from agentrun.store import snapshots
     from bench import report
     from bench.measure import check_state, inputs
     from bench.stats import steps_summary
@@ -212,9 +214,9 @@ AREAS = (
     ("django/db/models/", "Django ORM (building and compiling queries, model instances)"),
     ("django/db/backends/", "Django database backend (cursor wrappers, transactions)"),
     ("django/", "Django, other"),
-    ("agentrun/hashing", "agentrun.hashing (state hash tree)"),
-    ("agentrun/delta", "agentrun.delta (structural diff)"),
-    ("agentrun/redact", "agentrun.redact"),
+    ("agentrun/hashing", "agentrun.store.hashing (state hash tree)"),
+    ("agentrun/delta", "agentrun.store.delta (structural diff)"),
+    ("agentrun/redact", "agentrun.security.redact"),
     ("agentrun/", "agentrun, other (engine, snapshots, models, agents, tools)"),
     ("bench/", "bench (the agent, the tool, the workload, this profiler's SQL log)"),
     (

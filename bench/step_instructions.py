@@ -39,7 +39,8 @@ def child(variant: str, n: int) -> None:
     env.setup()
     from django.conf import settings
 
-    from agentrun import engine, services
+    from agentrun import engine
+    from agentrun.lifecycle import services
     from bench.measure import inputs
 
     settings.AGENTRUN_ENQUEUE = False
@@ -54,7 +55,7 @@ def create_llm_runs(n: int, ids_file: str) -> None:
     from bench import env
 
     env.setup()
-    from agentrun import services
+    from agentrun.lifecycle import services
     from bench.llm_bench import llm_input
 
     env.truncate()

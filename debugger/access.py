@@ -18,7 +18,7 @@ from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
 
 from agentrun.models import Run
-from agentrun.roles import ROLES, role_of
+from agentrun.security.roles import ROLES, role_of
 
 Perm = Literal["view", "operate"]
 
@@ -46,7 +46,7 @@ def role(request: HttpRequest) -> str | None:
 
 
 def _may(request: HttpRequest, perm: Perm) -> bool:
-    # As agentrun.roles.can_view / can_operate, from the role already looked up.
+    # As agentrun.security.roles.can_view / can_operate, from the role already looked up.
     return role(request) in (("operator", "admin") if perm == "operate" else ROLES)
 
 

@@ -16,6 +16,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from agentrun.models import Run, Snapshot
 from debugger import forks, timeline
+from debugger.formats import human
 from debugger.timeline import _css as css
 
 SHARED_SHOWN = 2  # steps of shared history shown before the fork's own; the rest fold away
@@ -151,7 +152,6 @@ def _row_html(cmp: Comparison, r: Aligned, step_url: str, selected: int | None) 
 
 
 def _side_html(cmp: Comparison, r: Aligned, side: Side) -> str:
-    from debugger.templatetags.debugger_tags import human
 
     row = side.row
     if row is None:

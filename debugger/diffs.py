@@ -1,6 +1,6 @@
 """Readable diffs between two agent states.
 
-`agentrun.delta.diff` finds what differs in well under a millisecond, even
+`agentrun.store.delta.diff` finds what differs in well under a millisecond, even
 between two 2.5 MB states; deepdiff then explains only those subtrees
 (a changed message, the replaced part of a list), never the whole state.
 The result is a flat list of changes with old → new values, long strings
@@ -22,7 +22,7 @@ from uuid import UUID
 
 from deepdiff import DeepDiff
 
-from agentrun import delta
+from agentrun.store import delta
 from debugger.jsontree import Path, format_path, json_size, json_type
 
 MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING"})()

@@ -13,10 +13,10 @@ from typing import Any
 
 from django.conf import settings
 
-from agentrun import services
 from agentrun.agents import InvalidInput, get_agent
-from agentrun.delta import state_hash
+from agentrun.lifecycle import services
 from agentrun.models import Event, Run, Snapshot
+from agentrun.store.delta import state_hash
 from debugger.diffs import StateDiff, diff_states
 from debugger.forms import ForkStateForm
 from debugger.states import load_states

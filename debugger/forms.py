@@ -7,11 +7,11 @@ from uuid import UUID
 from django import forms
 from django.db.models import Q, QuerySet
 
-from agentrun import inflight
-from agentrun import labels as run_labels
+from agentrun.engine import inflight
+from agentrun.lifecycle import labels as run_labels
+from agentrun.lifecycle.runids import RunIdError, resolve_run
 from agentrun.models import Event, Run, RunStatus, ToolCall
-from agentrun.runids import RunIdError, resolve_run
-from agentrun.storable import check_storable
+from agentrun.security.storable import check_storable
 from debugger.diffs import SnapshotRef, SpecError
 
 SIDE_EFFECT_KINDS = ("write", "hybrid")

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from html import escape as e
 from typing import Any
 
+from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
+from agentrun.security.redact import redact
 from agentrun.state import json_type
-from agentrun.watch import format_path
+from agentrun.store.watch import format_path
 
 Path = tuple[str | int, ...]
 
@@ -41,7 +43,7 @@ def human_bytes(n: int | float | None) -> str:
     return f"{n:,.1f} MB"
 
 
-# --- paths: memory.notes["a b"][3] (written as agentrun.watch writes them) ---------
+# --- paths: memory.notes["a b"][3] (written as agentrun.store.watch writes them) ---------
 
 
 class PathError(ValueError):
@@ -234,7 +236,7 @@ def _mark(match: re.Match[str]) -> str:
 
 
 def mark_escapes(html: str) -> str:
-    """Highlight the escapes of agentrun.storable in already-escaped HTML, so an operator
+    """Highlight the escapes of agentrun.security.storable in already-escaped HTML, so an operator
     sees where a model or a tool sent text the database can't hold."""
     return _ESCAPED.sub(_mark, html) if "\u241b" in html else html
 
@@ -273,3 +275,10 @@ def render_tree(
     key = path[-1] if path else None
     r.node(key, value, path, 0, start=start, size=size)
     return mark_safe('<ul class="jt">' + "".join(r.parts) + "</ul>")  # noqa: S308 - built with e()
+
+
+def run_input_tree(run: Any) -> SafeString:
+    """The run's input as a JSON tree, secrets redacted; what doesn't fit links to the
+    whole input as JSON."""
+    url = reverse("debugger:run-input-json", args=[run.pk])
+    return render_tree(redact(run.input), TreeOptions(link=lambda path, start: url))

@@ -1,6 +1,6 @@
 """Reading snapshot states for display: several at once, in one pass over the chain.
 
-`agentrun.snapshots.load_state` reads one snapshot as model rows; a diff needs two
+`agentrun.store.snapshots.load_state` reads one snapshot as model rows; a diff needs two
 states that usually share a keyframe (pre and post of a step), and a 1,000-step run
 has hundreds of deltas after each keyframe. Reading (seq, kind, data) tuples once
 and replaying them yields both states, and consecutive states share every
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agentrun import delta, snapshots
 from agentrun.models import Snapshot, SnapshotKind
+from agentrun.store import delta, snapshots
 from debugger.diffs import StateDiff, diff_states
 
 

@@ -21,8 +21,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.safestring import SafeString, mark_safe
 
-from agentrun import rawsql
 from agentrun.models import (
+    WAIT_EVENTS,
     Event,
     Run,
     Snapshot,
@@ -32,8 +32,10 @@ from agentrun.models import (
     ToolCallStatus,
     WaitReason,
 )
+from agentrun.store import rawsql
 from agentrun.tools import REGISTRY as TOOLS
 from debugger import charts
+from debugger.formats import ms
 
 THOUGHT_CHARS = 64  # the list shows about 30; the rest is for wide screens
 DENSE_STRIP = 60
@@ -318,7 +320,6 @@ def strip_html(rows: list[Row], step_url: str, selected: int | None) -> SafeStri
 
 def list_html(rows: list[Row], step_url: str, selected: int | None) -> SafeString:
     """The compact step list: number, phase, thought, tool chips, duration."""
-    from debugger.templatetags.debugger_tags import ms
 
     parts = []
     for r in rows:
@@ -361,7 +362,6 @@ LIST_BEFORE = 30  # rows of the window above the selected step
 DID_READ, DID_WRITE, DID_HYBRID, DID_ANSWER = 1, 2, 4, 8
 KIND_BITS = {"read": DID_READ, "write": DID_WRITE, "hybrid": DID_HYBRID}
 # Events that mean a step waited: a backoff (tool retry, rate limit, crash) or an operator.
-WAIT_EVENTS = ("retry_scheduled", "step_crashed", "approval_requested", "tool_call_in_doubt")
 BACKOFF_EVENTS = {"retry_scheduled": "backoff_s", "step_crashed": "retry_in_s"}
 
 # The strip's colour for a group of steps, worst first; after these, the phase.

@@ -15,17 +15,18 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
-from django.utils.safestring import SafeString
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_htmx.middleware import HtmxDetails
 
-from agentrun import inflight, services, watch
 from agentrun.agents import InvalidInput, get_agent
-from agentrun.delta import state_hash
+from agentrun.engine import inflight
+from agentrun.lifecycle import services
+from agentrun.lifecycle.runids import RunIdError, resolve_run
 from agentrun.models import RETRY_EVENTS, Event, Run, Snapshot, Step
-from agentrun.redact import redact
-from agentrun.runids import RunIdError, resolve_run
+from agentrun.security.redact import redact
+from agentrun.store import watch
+from agentrun.store.delta import state_hash
 from debugger import audit as audit_log
 from debugger import charts, compare, forks, timeline
 from debugger.access import abilities, get_run_for, role_required
@@ -833,13 +834,6 @@ def with_row_facts(runs: list[Run]) -> list[Run]:
     return runs
 
 
-def input_tree(run: Run) -> SafeString:
-    """The run's input as a JSON tree, secrets redacted; what doesn't fit links to the
-    whole input as JSON."""
-    url = reverse("debugger:run-input-json", args=[run.pk])
-    return render_tree(redact(run.input), TreeOptions(link=lambda path, start: url))
-
-
 @role_required
 def run_input_json(request: HttpRequest, run_id: Any) -> HttpResponse:
     """The run's input, redacted, as a JSON download."""
@@ -1099,9 +1093,9 @@ def _compare_watch(request: HttpRequest, left: Run, right: Run) -> dict[str, Any
 
 @role_required
 def run_export(request: HttpRequest, run_id: Any) -> StreamingHttpResponse:
-    """The run's archive as a download (agentrun.archive); ?ancestors=1 adds its parents."""
-    from agentrun import archive
-    from agentrun.api import archive_response
+    """The run's archive as a download (agentrun.lifecycle.archive); ?ancestors=1 adds its parents."""
+    from agentrun.api.operations import archive_response
+    from agentrun.lifecycle import archive
 
     run = get_run_for(request, run_id)
     problem = archive.export_problem(run)

@@ -7,9 +7,10 @@ from typing import Any
 
 from django.utils import timezone
 
-from agentrun import engine, services
+from agentrun import engine
+from agentrun.lifecycle import services
 from agentrun.models import Run
-from agentrun.roles import create_user
+from agentrun.security.roles import create_user
 
 PASSWORD = "correct horse battery"
 
@@ -81,7 +82,7 @@ def make_in_flight(
     wake_in: float = 3.0,
     now: Any = None,
 ) -> list[Run]:
-    """`count` runs caught in one state of agentrun.inflight, written straight to the tables
+    """`count` runs caught in one state of agentrun.engine.inflight, written straight to the tables
     (bulk inserts, as many as a test needs), each having waited `waited` seconds by `now`.
 
     deciding/acting/stalled runs are leased by `worker` (a fresh `:uuid8` each); acting ones
@@ -180,7 +181,7 @@ INCIDENT = {
 
 def play_incident() -> Run:
     """The demo's incident, played in this process to its (wrongly) successful end."""
-    from agentrun import services
+    from agentrun.lifecycle import services
 
     run = drive(services.start_run("shop", INCIDENT), through_backoff=True)
     assert run.status == "succeeded", run.error

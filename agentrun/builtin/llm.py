@@ -52,7 +52,7 @@ from agentrun.agents import (
     StepContext,
     register,
 )
-from agentrun.redact import REDACTED, redact
+from agentrun.security.redact import REDACTED, redact
 from agentrun.state import AgentState, history_to_messages, message_tokens, truncate_history
 from agentrun.tools import REGISTRY, get_tool
 

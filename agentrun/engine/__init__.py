@@ -14,10 +14,11 @@
 
 Shared by all of them: `context` (the step's context and outcome), `lease` (guarded
 writes and the one watchdog per process that renews the leases of waiting steps),
-`cache` (the latest state of each run this process works on) and `queue` (wake-ups).
+and `cache` (the latest state of each run this process works on); wake-ups go through
+`agentrun.infra.queue`.
 No transaction is held open across a policy or tool call, and no database
 connection either: a waiting step lends it, and it goes back to the process's pool
-after 10 ms or to another thread that needs one (agentrun/postgresql/base.py).
+after 10 ms or to another thread that needs one (agentrun/infra/postgresql/base.py).
 """
 
 from agentrun.engine.cache import remember_state
@@ -26,8 +27,8 @@ from agentrun.engine.compensate import compensate_run
 from agentrun.engine.context import LeaseLost, Outcome, release_connection, sorted_keys
 from agentrun.engine.decide import idempotency_key
 from agentrun.engine.lease import new_lease_owner
-from agentrun.engine.queue import enqueue
 from agentrun.engine.step import execute_step
+from agentrun.infra.queue import enqueue
 
 __all__ = [
     "LeaseLost",

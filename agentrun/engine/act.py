@@ -10,7 +10,6 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agentrun import rawsql, storable
 from agentrun.agents import Call, CallResult
 from agentrun.engine.commit import fail_step, failure_context
 from agentrun.engine.compensate import compensate_run
@@ -42,7 +41,9 @@ from agentrun.models import (
     ToolCallStatus,
     WaitReason,
 )
-from agentrun.storable import escape_text
+from agentrun.security import storable
+from agentrun.security.storable import escape_text
+from agentrun.store import rawsql
 from agentrun.tools import Tool, ToolContext, get_tool
 
 log = logging.getLogger(__name__)

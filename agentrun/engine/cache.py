@@ -11,10 +11,10 @@ from typing import Any
 
 from django.conf import settings
 
-from agentrun import hashing
 from agentrun.models import (
     Snapshot,
 )
+from agentrun.store import hashing
 
 # Saves rebuilding a state from keyframe + deltas at every step. Validated by
 # the snapshot hash, so a stale entry is never used.

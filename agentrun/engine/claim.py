@@ -11,7 +11,6 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agentrun import hashing, rawsql, snapshots
 from agentrun.agents import Agent, InvalidInput, get_agent
 from agentrun.engine.cache import cache_get, cache_put
 from agentrun.engine.context import Claimed
@@ -20,6 +19,7 @@ from agentrun.models import (
     Snapshot,
     Step,
 )
+from agentrun.store import hashing, rawsql, snapshots
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ _DUE = (
     "next_step = %s AND (status IN ('queued', 'running') OR (status = 'waiting'"
     " AND wait_reason = 'backoff')) AND (lease_expires_at IS NULL OR lease_expires_at < %s)"
     " AND (wake_at IS NULL OR wake_at <= %s)"
-    # An imported run (agentrun.archive) is read-only: no worker ever claims it.
+    # An imported run (agentrun.lifecycle.archive) is read-only: no worker ever claims it.
     " AND imported_at IS NULL"
 )
 

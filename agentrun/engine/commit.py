@@ -10,7 +10,6 @@ from django.conf import settings
 from django.db import IntegrityError
 from django.utils import timezone
 
-from agentrun import callsearch, compaction, hashing, rawsql, snapshots
 from agentrun.agents import CallResult, Decision
 from agentrun.engine.cache import cache_put
 from agentrun.engine.compensate import compensate_run
@@ -23,7 +22,7 @@ from agentrun.engine.context import (
     release_connection,
 )
 from agentrun.engine.lease import lease_expiry, run_update
-from agentrun.engine.queue import enqueue
+from agentrun.infra.queue import enqueue
 from agentrun.models import (
     Event,
     Run,
@@ -33,8 +32,9 @@ from agentrun.models import (
     StepStatus,
     ToolCall,
 )
-from agentrun.redact import redact
-from agentrun.storable import escape, escape_text
+from agentrun.security.redact import redact
+from agentrun.security.storable import escape, escape_text
+from agentrun.store import callsearch, compaction, hashing, rawsql, snapshots
 
 
 def failure_context(

@@ -5,13 +5,13 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from agentrun.events import record_event
+from agentrun.audit.events import record_event
 from agentrun.models import (
     Run,
     ToolCall,
     ToolCallStatus,
 )
-from agentrun.storable import escape_redacted, escape_text
+from agentrun.security.storable import escape_redacted, escape_text
 from agentrun.tools import ToolContext, get_tool
 
 

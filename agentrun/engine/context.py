@@ -9,7 +9,6 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from agentrun import hashing
 from agentrun.agents import Agent, Call, CallResult, StepContext
 from agentrun.models import (
     Run,
@@ -19,6 +18,7 @@ from agentrun.models import (
     ToolCall,
     ToolCallStatus,
 )
+from agentrun.store import hashing
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def release_connection() -> None:
     With a pool (PostgreSQL, DB_POOL_MAX_SIZE > 0) a step does this before every call to
     a model or a tool, and takes a connection again for its next write, so connections
     per process stay at the pool's size however many steps are in flight. The
-    connection is lent (agentrun/postgresql/base.py): the step's next write takes it
+    connection is lent (agentrun/infra/postgresql/base.py): the step's next write takes it
     back untouched if it is still there, another thread that needs one takes it, and
     after 10 ms it goes back to the pool. Without a pool (SQLite), or inside a
     transaction, the connection stays.

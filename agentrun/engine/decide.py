@@ -11,8 +11,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agentrun import delta, rawsql, storable
 from agentrun.agents import Agent, AgentError, Call, Decision
+from agentrun.audit.events import record_event
 from agentrun.engine.commit import fail_step, failure_context
 from agentrun.engine.context import (
     SIDE_EFFECTS,
@@ -25,7 +25,6 @@ from agentrun.engine.context import (
 )
 from agentrun.engine.lease import WATCHDOG, guarded_update, lease_guard
 from agentrun.engine.waits import back_off
-from agentrun.events import record_event
 from agentrun.models import (
     ReplayMode,
     Snapshot,
@@ -33,7 +32,9 @@ from agentrun.models import (
     ToolCall,
     ToolCallStatus,
 )
-from agentrun.redact import redact
+from agentrun.security import storable
+from agentrun.security.redact import redact
+from agentrun.store import delta, rawsql
 from agentrun.tools import RetryPolicy, get_tool
 
 # A policy whose provider answered "try later" (429, 5xx, timeout) is asked again after this.

@@ -18,12 +18,12 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from agentrun import rawsql
 from agentrun.engine.context import Claimed, LeaseLost
 from agentrun.models import (
     Run,
     RunStatus,
 )
+from agentrun.store import rawsql
 
 log = logging.getLogger(__name__)
 

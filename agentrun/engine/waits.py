@@ -9,11 +9,11 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from agentrun.audit.events import record_event
 from agentrun.engine.commit import failure_context
 from agentrun.engine.context import Claimed, Outcome, flush_pending, save_call
 from agentrun.engine.lease import guarded_update
-from agentrun.engine.queue import enqueue
-from agentrun.events import record_event
+from agentrun.infra.queue import enqueue
 from agentrun.models import (
     Run,
     RunStatus,

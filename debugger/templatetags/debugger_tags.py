@@ -10,30 +10,14 @@ from typing import Any
 from django import template
 from django.utils.safestring import mark_safe
 
-from debugger.jsontree import human_bytes, mark_escapes
+from debugger.formats import human, ms
+from debugger.jsontree import human_bytes, mark_escapes, run_input_tree
 
 register = template.Library()
+register.filter(ms)
+register.filter(human)
 
 JSON_LIMIT = 100_000
-
-
-@register.filter
-def ms(value: float | None) -> str:
-    """Milliseconds, readable: 0.4 ms, 87 ms, 1.24 s, 3 m 05 s."""
-    if value is None:
-        return "–"
-    if value < 1:
-        return f"{value:.2f} ms"
-    if value < 1000:
-        return f"{value:.0f} ms"
-    seconds = value / 1000
-    if seconds < 60:
-        return f"{seconds:.2f} s"
-    minutes, seconds = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} m {seconds:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} m"
 
 
 @register.filter
@@ -111,7 +95,7 @@ def get(mapping: Any, key: Any) -> Any:
 @register.simple_tag(takes_context=True)
 def role_of(context: Any, user: Any) -> str | None:
     """The user's role (viewer, operator, admin) or None: for pages rendered without our context."""
-    from agentrun.roles import role_of as _role_of
+    from agentrun.security.roles import role_of as _role_of
 
     request = context.get("request")
     if request is not None and getattr(request, "user", None) is user:
@@ -125,12 +109,6 @@ def role_of(context: Any, user: Any) -> str | None:
 def last_line(value: Any) -> str:
     lines = [line for line in str(value or "").splitlines() if line.strip()]
     return lines[-1].strip() if lines else ""
-
-
-@register.filter
-def human(value: Any) -> str:
-    """awaiting_approval → awaiting approval"""
-    return str(value or "").replace("_", " ")
 
 
 @register.simple_tag
@@ -156,7 +134,7 @@ def compare_rows(cmp: Any, step_url: str, selected: int | None) -> str:
 
 @register.filter
 def escapes(value: Any) -> str:
-    """Text with agentrun.storable's escapes (␛u0000...) highlighted; the rest HTML-escaped."""
+    """Text with agentrun.security.storable's escapes (␛u0000...) highlighted; the rest HTML-escaped."""
     from django.utils.html import conditional_escape
 
     return mark_safe(mark_escapes(str(conditional_escape(value))))  # noqa: S308 — escaped above
@@ -202,6 +180,4 @@ def run_input(context: Any, run: Any) -> str:
     match = getattr(context.get("request"), "resolver_match", None)
     if getattr(match, "url_name", "") == "run-live":
         return ""
-    from debugger.views import input_tree
-
-    return input_tree(run)
+    return run_input_tree(run)

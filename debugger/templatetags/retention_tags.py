@@ -6,7 +6,7 @@ from typing import Any
 
 from django import template
 
-from agentrun import retention
+from agentrun.lifecycle import retention
 from agentrun.models import Run
 
 register = template.Library()

@@ -7,8 +7,9 @@ import io
 import json
 from typing import Any
 
-from agentrun import archive, services, snapshots
+from agentrun.lifecycle import archive, services
 from agentrun.models import Run, Snapshot
+from agentrun.store import snapshots
 from tests.base import calls, drive, final, make_run, script
 
 #: Step 1 echo (read); 2 ledger_write (write) + reserve (hybrid); 3 echo; 4 the answer.
@@ -73,7 +74,7 @@ def import_bytes(data: bytes, user: Any = None) -> list[Run]:
 
 def hashes(run_ids: list[Any]) -> list[tuple[str, int, str, str]]:
     """(run, seq, stored hash, hash of the state read back) of every snapshot of the runs."""
-    from agentrun.hashing import digest
+    from agentrun.store.hashing import digest
 
     return [
         (str(s.run_id), s.seq, s.hash, digest(snapshots.load_state(s)))

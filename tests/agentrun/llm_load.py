@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import connection
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.models import Run, Step
 from tests.fake_openai import FakeOpenAI, Recorded
 

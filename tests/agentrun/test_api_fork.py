@@ -7,8 +7,7 @@ import uuid
 import pytest
 from django.test import Client
 
-from agentrun import snapshots
-from agentrun.api import FORK_FIELDS, summary_json
+from agentrun.api.operations import FORK_FIELDS, summary_json
 from agentrun.models import (
     ApiToken,
     Event,
@@ -21,6 +20,7 @@ from agentrun.models import (
     Step,
     ToolCall,
 )
+from agentrun.store import snapshots
 from tests.base import calls, drive, final, make_people, make_run, script
 
 pytestmark = pytest.mark.django_db

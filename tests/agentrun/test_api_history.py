@@ -7,7 +7,8 @@ import json
 import pytest
 from django.test import Client
 
-from agentrun import services, snapshots
+from agentrun.lifecycle import services
+from agentrun.store import snapshots
 from tests.base import drive, play_incident
 
 pytestmark = pytest.mark.django_db
@@ -139,7 +140,7 @@ def test_a_value_too_big_is_left_out_and_marked(viewer, people):
 def test_a_long_history_is_read_only_as_far_as_the_page_and_says_there_is_more(
     viewer, incident, monkeypatch
 ):
-    from agentrun import watch
+    from agentrun.store import watch
 
     monkeypatch.setattr(watch, "COUNTED", 3)  # "long": more than 3 changes
     first = history(viewer, incident, "iteration", limit=2).json()

@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from agentrun import retention, services
+from agentrun.lifecycle import retention, services
 from agentrun.models import ApiToken, Event, Run
 from tests.base import calls, drive, final, make_people, make_run, script
 

@@ -9,9 +9,10 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, get_resolver
 
-from agentrun import api_urls, snapshots
-from agentrun.delta import state_hash
+from agentrun.api import urls as api_urls
 from agentrun.models import Event, Run
+from agentrun.store import snapshots
+from agentrun.store.delta import state_hash
 from tests.base import calls, drive, final, make_people, make_run, script
 
 pytestmark = pytest.mark.django_db
@@ -212,8 +213,8 @@ def test_every_documented_schema_reference_exists():
 
 
 def test_the_openapi_document_lists_every_tool_call_status():
+    from agentrun.api.openapi import document
     from agentrun.models import ToolCallStatus
-    from agentrun.openapi import document
 
     schema = document()["components"]["schemas"]["ToolCall"]["properties"]["status"]
     assert set(schema["enum"]) == set(ToolCallStatus.values)

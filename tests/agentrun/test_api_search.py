@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from agentrun import callsearch
-from debugger import search
+from agentrun.store import callsearch, search
 from tests.debugger.long_runs import long_run
 
 pytestmark = pytest.mark.django_db

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from agentrun import api
+from agentrun.api import operations as api
 from tests.base import make_people
 from tests.debugger.long_runs import long_run
 from tests.debugger.runs import walkthrough_run

@@ -12,7 +12,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from agentrun import archive
+from agentrun.lifecycle import archive
 from agentrun.models import ApiToken
 from tests.agentrun import archives
 from tests.agentrun.test_archive_export_import import forget

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from django.db import connection, transaction
 
-from agentrun import archive, snapshots
-from agentrun.hashing import digest
+from agentrun.lifecycle import archive
 from agentrun.models import Event, Run, Snapshot, SnapshotKind, Step, ToolCall
+from agentrun.store import snapshots
+from agentrun.store.hashing import digest
 from tests.agentrun import archives
 from tests.base import drive, make_people
 
@@ -195,7 +196,7 @@ def test_a_big_state_is_streamed_in_chunks_not_built_whole():
 
 
 def test_labels_travel_with_the_run_and_retention_state_does_not():
-    from agentrun import services
+    from agentrun.lifecycle import services
     from agentrun.models import RunLabel
 
     run = drive(
@@ -219,7 +220,7 @@ def test_an_archives_index_of_paths_is_made_again_it_cannot_hide_a_change():
     """No hash covers Snapshot.paths: an archive that says its deltas and keyframes touched
     nothing still imports a run whose watch finds every change, with the index the run
     had (a delta's from its ops, a keyframe's from the state before it)."""
-    from agentrun import watch
+    from agentrun.store import watch
 
     run = archives.finished_run()
     path = watch.parse_path("iteration")

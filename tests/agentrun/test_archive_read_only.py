@@ -7,10 +7,11 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from agentrun import engine, snapshots
+from agentrun import engine
+from agentrun.engine.reconcile import reconcile_once
+from agentrun.lifecycle.services import fork_run
 from agentrun.models import ApiToken, Run, Step, ToolCall
-from agentrun.reconcile import reconcile_once
-from agentrun.services import fork_run
+from agentrun.store import snapshots
 from tests.agentrun import archives
 from tests.agentrun.test_archive_export_import import forget
 from tests.base import PASSWORD, calls, drive, final, make_people, make_run, script
@@ -109,7 +110,7 @@ def test_the_run_page_offers_no_action_and_refuses_one_posted(people, waiting):
 
 
 def test_an_imported_run_is_not_on_the_now_page(people, waiting):
-    from agentrun import inflight
+    from agentrun.engine import inflight
 
     assert inflight.counts(timezone.now()).get("approval", 0) == 0
     local = drive(make_run(NEEDS_APPROVAL))
@@ -151,7 +152,7 @@ def test_a_fork_of_an_edited_state_from_an_imported_fork(people):
 def test_retention_keeps_an_imported_run_however_old(people, settings):
     from datetime import timedelta
 
-    from agentrun import retention
+    from agentrun.lifecycle import retention
 
     old = archives.finished_run()
     Run.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(days=400))

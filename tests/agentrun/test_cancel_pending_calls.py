@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.models import LedgerEntry, Reservation, ToolCall
 from tests.base import calls, drive, final, make_people, make_run, script
 

@@ -5,7 +5,7 @@ from django.conf import settings
 from kombu.simple import SimpleQueue
 
 from agentrun.celery import app as celery_app
-from agentrun.celery_redis import Channel
+from agentrun.infra.redis import Channel
 
 pytestmark = pytest.mark.skipif(
     not settings.CELERY_BROKER_URL.startswith(("redis://", "rediss://")),

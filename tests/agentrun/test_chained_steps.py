@@ -4,8 +4,10 @@ import time
 
 import pytest
 
-from agentrun import engine, services, snapshots
+from agentrun import engine
+from agentrun.lifecycle import services
 from agentrun.models import Event, Run, Snapshot, Step, ToolCall
+from agentrun.store import snapshots
 from tests.base import calls, drive, final, make_people, make_run, script
 
 pytestmark = pytest.mark.django_db

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from agentrun import engine, snapshots
+from agentrun import engine
 from agentrun.engine import cache
 from agentrun.engine.lease import new_lease_owner
 from agentrun.models import Run
+from agentrun.store import snapshots
 from tests.base import make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)

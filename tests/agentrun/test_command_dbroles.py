@@ -21,7 +21,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from agentrun.events import record_event
+from agentrun.audit.events import record_event
 from agentrun.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -143,8 +143,8 @@ def test_the_app_works_connected_as_the_app_role(app_role):
     code = """
 import json
 from django.db import connection
-from agentrun import services
-from agentrun.roles import create_user
+from agentrun.lifecycle import services
+from agentrun.security.roles import create_user
 from tests.base import calls, drive, final, make_run, script
 
 olga = create_user("olga", "operator", "pw")

@@ -9,8 +9,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from agentrun import snapshots
 from agentrun.models import Event, LedgerEntry, Run, Snapshot, Step, ToolCall
+from agentrun.store import snapshots
 from tests.base import calls, drive, final, make_people, make_run, script
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from agentrun import services, snapshots
+from agentrun.lifecycle import services
+from agentrun.store import snapshots
 from tests.base import make_people, play_incident
 
 pytestmark = pytest.mark.django_db

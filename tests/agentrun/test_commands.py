@@ -12,10 +12,10 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
+from agentrun.celery import app as celery_app
 from agentrun.management.commands import startrun
 from agentrun.models import Event, Run
-from agentrun.roles import role_of
-from agentrun.tasks import execute_step_task
+from agentrun.security.roles import role_of
 from tests.base import PASSWORD, calls, drive, final, make_people, make_run, script
 
 pytestmark = pytest.mark.django_db
@@ -224,11 +224,11 @@ def test_reconcile_re_enqueues_a_run_whose_wake_up_was_lost(
     settings.AGENTRUN_ENQUEUE = True
     sent = []
     monkeypatch.setattr(
-        execute_step_task, "apply_async", lambda args, countdown=None: sent.append(args)
+        celery_app, "send_task", lambda name, args, countdown=None: sent.append((name, args))
     )
 
     with django_capture_on_commit_callbacks(execute=True):
         out = run_command("reconcile")
 
     assert out.strip() == "enqueued 1 run(s), compensated 0 call(s)"
-    assert sent == [(str(run.pk), 1)]
+    assert sent == [("agentrun.execute_step", (str(run.pk), 1))]

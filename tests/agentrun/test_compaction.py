@@ -1,4 +1,4 @@
-"""A finished run's deltas regrouped (agentrun.compaction): everything reads back the same."""
+"""A finished run's deltas regrouped (agentrun.store.compaction): everything reads back the same."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ from django.db.models import BinaryField, ExpressionWrapper, F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agentrun import compaction, engine, models, services, snapshots, watch
-from agentrun.models import GROUP, SLICE, Run, Snapshot, ToolCall
+from agentrun import engine, models
+from agentrun.lifecycle import services
+from agentrun.models import Run, Snapshot, ToolCall
+from agentrun.store import codec, compaction, snapshots, watch
+from agentrun.store.codec import GROUP, SLICE
 from tests.base import calls, drive, final, make_run, script
 
 pytestmark = pytest.mark.django_db
@@ -66,8 +69,8 @@ def stored(run: Run) -> dict[int, tuple[str, bytes]]:
 
 
 def as_another_process() -> None:
-    models.forget_groups()
-    models.forget_dictionaries()
+    codec.forget_groups()
+    codec.forget_dictionaries()
     snapshots.forget_keyframe_texts()
 
 
@@ -136,15 +139,15 @@ def test_a_member_whose_group_is_gone_or_another_one_says_so():
     member = rows[member_seq][1]
     assert int.from_bytes(member[17:21], "big") == holder_seq
     # Another group under the holder's locator (a run imported again, regrouped again).
-    (other,) = models.group_values(run.pk, holder_seq, [b'[["set",["x"],1]]'], 6)
+    (other,) = codec.group_values(run.pk, holder_seq, [b'[["set",["x"],1]]'], 6)
     Snapshot.objects.filter(run=run, seq=holder_seq).update(data=other)
     as_another_process()
     with pytest.raises(zlib.error, match="doesn't match the group"):
-        models.inflate(member)
+        codec.inflate(member)
     Snapshot.objects.filter(run=run, seq=holder_seq).delete()
     as_another_process()
     with pytest.raises(ValueError, match="which is gone"):
-        models.inflate(member)
+        codec.inflate(member)
 
 
 def test_only_ended_unpurged_runs_long_enough_are_regrouped(settings):
@@ -227,7 +230,7 @@ def test_a_reader_meanwhile_reads_every_state_as_before():
     def reader() -> None:
         try:
             while not stop.is_set() or len(seen) < 2:
-                models.forget_groups()
+                codec.forget_groups()
                 seen.append([state for _, state in snapshots.history(run.pk)] == before)
         except Exception as exc:  # pragma: no cover - reported below
             failures.append(exc)
@@ -250,11 +253,11 @@ def test_groups_bigger_than_the_cache_are_written_and_read_as_before(monkeypatch
     can't hold (or another thread evicted) is still written, and read back right."""
     run = long_run(60)
     before = everything(run)
-    monkeypatch.setattr(models, "_GROUPS_MAX_BYTES", 64)
+    monkeypatch.setattr(codec, "_GROUPS_MAX_BYTES", 64)
     assert compaction.compact(run.pk) > 50
     as_another_process()
     assert everything(run) == before
-    assert not models._GROUPS  # none of them was kept
+    assert not codec._GROUPS  # none of them was kept
 
 
 def test_a_group_holds_at_most_group_max_bytes_of_text(monkeypatch):
@@ -277,7 +280,7 @@ def test_members_of_many_groups_are_read_with_their_holders_in_one_query(monkeyp
     """A value that a few steps changed meets a new group at nearly every one of them:
     the holders come in one query, not one each, and the history is the one before."""
     run = long_run(90)
-    texts = {seq: models.inflate(d) for seq, (k, d) in stored(run).items() if k == "delta"}
+    texts = {seq: codec.inflate(d) for seq, (k, d) in stored(run).items() if k == "delta"}
     monkeypatch.setattr(watch, "_DENSE_MIN", 10**6)  # every read of this history sparse
     path = watch.parse_path("/iteration")
     changes = [(c.step, c.at, c.before, c.after) for c in watch.history(run, path).changes]
@@ -288,7 +291,7 @@ def test_members_of_many_groups_are_read_with_their_holders_in_one_query(monkeyp
 
     as_another_process()
     with CaptureQueriesContext(connection) as queries:
-        assert models.inflate_many([members[seq] for seq in picked]) == [
+        assert codec.inflate_many([members[seq] for seq in picked]) == [
             texts[seq] for seq in picked
         ]
     assert len(queries) == 1

@@ -1,4 +1,4 @@
-"""A worker regroups a long run's deltas when the run ends (agentrun.compaction), and every
+"""A worker regroups a long run's deltas when the run ends (agentrun.store.compaction), and every
 snapshot still reads as the state its hash says."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from django.db.models import BinaryField, ExpressionWrapper, F
 
-from agentrun import hashing, models, snapshots
-from agentrun.models import GROUP, SLICE, Snapshot
+from agentrun.models import Snapshot
+from agentrun.store import codec, hashing, snapshots
+from agentrun.store.codec import GROUP, SLICE
 from tests.base import calls, final, make_people, make_run, script
 from tests.workers import wait_until
 
@@ -42,8 +43,8 @@ def test_a_worker_regroups_a_long_runs_deltas_when_it_ends(start_worker):
 
     run.refresh_from_db()
     assert run.status == "succeeded"
-    models.forget_groups()
-    models.forget_dictionaries()
+    codec.forget_groups()
+    codec.forget_dictionaries()
     snapshots.forget_keyframe_texts()
     read = snapshots.history(run.pk)
     assert len(read) == 2 * (n + 1)

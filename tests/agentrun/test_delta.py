@@ -1,4 +1,4 @@
-"""Tests for agentrun.delta: structural diff / copy-on-write patch of agent states."""
+"""Tests for agentrun.store.delta: structural diff / copy-on-write patch of agent states."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrun.delta import DeltaError, canonical, diff, json_size, patch, state_hash
+from agentrun.store.delta import DeltaError, canonical, diff, json_size, patch, state_hash
 
 # --- strategies -------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from agentrun import labels, snapshots
+from agentrun.lifecycle import labels
 from agentrun.management.commands.demo import FIX_REASON, STORIES
 from agentrun.models import (
     Event,
@@ -24,7 +24,8 @@ from agentrun.models import (
     Step,
     ToolCall,
 )
-from agentrun.roles import role_of
+from agentrun.security.roles import role_of
+from agentrun.store import snapshots
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -3,7 +3,7 @@
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from agentrun.events import record_event
+from agentrun.audit.events import record_event
 from agentrun.models import Event
 from tests.base import make_people
 

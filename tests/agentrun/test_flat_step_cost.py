@@ -13,9 +13,9 @@ import random
 
 import pytest
 
-from agentrun import delta, hashing
 from agentrun.agents import _TYPED, CallResult, Decision, StepContext, get_agent
 from agentrun.state import AgentState, StateError, validate_successor
+from agentrun.store import delta, hashing
 
 
 def results_for(step: int) -> list[CallResult]:
@@ -153,7 +153,7 @@ def test_list_hashes_extended_by_appends_equal_hashes_built_from_scratch():
 
 
 def test_a_log_that_only_grew_is_noted_as_extending_the_previous_states_list():
-    from agentrun import prefixes
+    from agentrun.store import prefixes
 
     agent = get_agent("scripted")
     s1 = run_steps(agent, agent.initial_state({"goal": "g"}), 1, 3)
@@ -197,8 +197,8 @@ class Rewriter:
     ],
 )
 def test_a_log_changed_in_place_is_diffed_and_checked_in_full(change, log):
-    from agentrun import prefixes
     from agentrun.agents import StateAgent
+    from agentrun.store import prefixes
 
     class Rewriting(StateAgent):
         name = "rewriting-test"
@@ -239,7 +239,7 @@ def test_a_hook_that_puts_a_bad_item_in_place_is_refused():
 
 
 def test_a_long_typed_run_stores_exactly_its_states():
-    from agentrun import snapshots
+    from agentrun.store import snapshots
 
     agent = get_agent("scripted")
     state = agent.initial_state({"goal": "g"})

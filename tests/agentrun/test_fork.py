@@ -2,8 +2,7 @@
 
 import pytest
 
-from agentrun import snapshots
-from agentrun.delta import state_hash
+from agentrun.lifecycle.services import ForkError, fork_run
 from agentrun.models import (
     Event,
     LedgerEntry,
@@ -14,7 +13,8 @@ from agentrun.models import (
     Step,
     ToolCall,
 )
-from agentrun.services import ForkError, fork_run
+from agentrun.store import snapshots
+from agentrun.store.delta import state_hash
 from tests.base import calls, drive, final, make_people, make_run, script
 
 pytestmark = pytest.mark.django_db

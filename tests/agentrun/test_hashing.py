@@ -7,7 +7,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrun import delta, hashing
+from agentrun.store import delta, hashing
 from tests.agentrun.test_delta import json_values
 
 WORKLOAD = Path(__file__).resolve().parents[3] / "shared" / "bench"

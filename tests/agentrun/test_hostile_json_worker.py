@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.models import Run, Step, ToolCall
-from agentrun.storable import unescape_text
+from agentrun.security.storable import unescape_text
 from agentrun.tools import ToolContext, tool
 from tests.agentrun.jsonshapes import limit, nest, scripted_input
 from tests.agentrun.llm_load import llm_env

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from agentrun import engine, services
+from agentrun import engine
+from agentrun.lifecycle import services
 from agentrun.models import OutboxMessage, Run
 from tests.base import calls, drive, final, make_people, make_run, script
 

@@ -15,8 +15,8 @@ import json
 import pytest
 from django.test import Client
 
-from agentrun import delta, services, snapshots
 from agentrun.builtin.shop import STAGE_STEPS
+from agentrun.lifecycle import services
 from agentrun.models import (
     ApiToken,
     Event,
@@ -29,6 +29,7 @@ from agentrun.models import (
     Step,
     ToolCall,
 )
+from agentrun.store import delta, snapshots
 from tests.base import drive, make_people
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""What is in flight now, derived from the runs' and steps' rows (agentrun.inflight)."""
+"""What is in flight now, derived from the runs' and steps' rows (agentrun.engine.inflight)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from agentrun import engine, inflight
+from agentrun import engine
+from agentrun.engine import inflight
 from agentrun.models import Run, Step
 from agentrun.tools import ToolContext, tool
 from tests.base import calls, drive, final, make_in_flight, make_run, script

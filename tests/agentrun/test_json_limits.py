@@ -13,10 +13,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from agentrun import services
 from agentrun.agents import InvalidInput
+from agentrun.lifecycle import services
 from agentrun.models import Event, Run
-from agentrun.storable import STATE_ROOM, escape_text, shape_problem, unescape_text
+from agentrun.security.storable import STATE_ROOM, escape_text, shape_problem, unescape_text
 from tests.agentrun.jsonshapes import depth_of, limit, nest, scripted_input
 from tests.base import make_people
 
@@ -98,7 +98,7 @@ def _walkthrough(people):
 
 def _state_nesting(parent, depth: int) -> dict:
     """The parent's pre state of step 3, its first tool call's args nested to `depth` overall."""
-    from agentrun import snapshots
+    from agentrun.store import snapshots
 
     state = snapshots.load(parent.pk, 3, "pre")
     state["tool_calls"][0]["args"] = nest(depth - 3)  # under the state, its list, its record

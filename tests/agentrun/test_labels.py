@@ -11,9 +11,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from agentrun import labels, services
+from agentrun.lifecycle import labels, services
 from agentrun.models import Event, Run, RunLabel, Snapshot
-from agentrun.redact import REDACTED
+from agentrun.security.redact import REDACTED
 from tests.base import calls, drive, final, make_people, make_run, script
 
 pytestmark = pytest.mark.django_db

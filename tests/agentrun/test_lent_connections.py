@@ -1,4 +1,4 @@
-"""A thread lends its pooled connection between writes (agentrun/postgresql/base.py).
+"""A thread lends its pooled connection between writes (agentrun/infra/postgresql/base.py).
 
 It takes it back untouched if nobody needed it; another thread takes it before it asks
 the pool; after LEND_SECONDS it goes back to the pool. A connection is never in two
@@ -13,7 +13,7 @@ import pytest
 from django.db import connection, connections
 
 from agentrun.engine import release_connection
-from agentrun.postgresql import base
+from agentrun.infra.postgresql import base
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from agentrun import engine, services, snapshots
+from agentrun import engine
 from agentrun.agents import AgentError, InvalidInput, StepContext, get_agent
 from agentrun.builtin.llm import DEFAULT_CONTEXT_TOKENS, DEFAULT_SYSTEM_PROMPT, _public_url
+from agentrun.lifecycle import services
 from agentrun.models import Event, Run, Snapshot, Step, ToolCall
 from agentrun.state import AgentState
+from agentrun.store import snapshots
 from agentrun.tools import REGISTRY
 from tests.base import drive
 from tests.fake_openai import FakeOpenAI, Reply, completion, error, tool_call
@@ -294,8 +296,8 @@ def test_the_request_stored_with_a_decision_holds_no_secret_of_the_history(fake)
 def test_token_counts_are_parameters_not_new_statements(fake):
     """Every provider answer has its own counts: written into the SQL, each was a new
     statement, cached in the process forever (and prepared anew by the server)."""
-    from agentrun import rawsql
     from agentrun.engine import lease
+    from agentrun.store import rawsql
 
     def one_run(n: int) -> Run:
         fake.push(

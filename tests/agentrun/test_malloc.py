@@ -1,4 +1,4 @@
-"""A process keeps freed memory for its next allocations (agentrun.malloc): what a step
+"""A process keeps freed memory for its next allocations (agentrun.infra.malloc): what a step
 allocates and frees is reused, not handed back to the kernel and faulted in again."""
 
 from __future__ import annotations

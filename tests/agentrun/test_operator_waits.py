@@ -3,7 +3,7 @@ approvals, rejections, cancellation with compensation, retries with backoff."""
 
 import pytest
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.models import InventoryItem, OutboxMessage, Reservation, Step, ToolCall
 from tests.base import calls, final, make_people, make_run, script
 from tests.workers import decided, wait_until

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from agentrun import engine, services
+from agentrun import engine
 from agentrun.agents import AGENTS, Agent, Decision, StepContext, register
+from agentrun.lifecycle import services
 from agentrun.models import Event, Run, Step
 from tests.base import calls, final, make_people, make_run, script
 
@@ -25,8 +26,8 @@ class Boom(Exception):
 @pytest.fixture
 def crashing_snapshots(monkeypatch):
     """Every post snapshot fails to build: an exception outside any tool."""
-    from agentrun import snapshots
     from agentrun.engine import commit
+    from agentrun.store import snapshots
 
     def build(*args: Any, **kwargs: Any) -> Any:
         raise Boom("disk on fire")

@@ -11,10 +11,9 @@ from django.utils import timezone
 from kombu import Connection
 
 from agentrun.celery import app as celery_app
-from agentrun.logs import QuietRoutineTasks
+from agentrun.engine.reconcile import reconcile_once
+from agentrun.infra.logs import QuietRoutineTasks
 from agentrun.models import Run
-from agentrun.reconcile import reconcile_once
-from agentrun.tasks import execute_step_task
 from tests.base import make_run
 
 
@@ -26,7 +25,7 @@ def record(name: str, level: int, msg: str, *args: object) -> logging.LogRecord:
 def test_an_idle_reconciler_pass_logs_at_debug_and_one_that_acts_at_info(
     caplog, settings, monkeypatch
 ):
-    caplog.set_level(logging.DEBUG, logger="agentrun.reconcile")
+    caplog.set_level(logging.DEBUG, logger="agentrun.engine.reconcile")
     reconcile_once()
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("DEBUG", "reconciler: re-enqueued 0 run(s), compensated 0 call(s)")
@@ -36,7 +35,7 @@ def test_an_idle_reconciler_pass_logs_at_debug_and_one_that_acts_at_info(
     run = make_run()
     Run.objects.filter(pk=run.pk).update(updated_at=timezone.now() - timedelta(minutes=5))
     settings.AGENTRUN_ENQUEUE = True
-    monkeypatch.setattr(execute_step_task, "apply_async", lambda *a, **k: None)
+    monkeypatch.setattr(celery_app, "send_task", lambda *a, **k: None)
     reconcile_once()
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("INFO", "reconciler: re-enqueued 1 run(s), compensated 0 call(s)")
@@ -81,14 +80,14 @@ def test_the_handler_of_the_logging_settings_has_the_filter(settings):
 
 
 def test_the_filesystem_broker_url_draws_no_hostname_warning(caplog, tmp_path):
-    assert celery_app  # the app maps filesystem:// to agentrun.broker.Transport
+    assert celery_app  # the app maps filesystem:// to agentrun.infra.broker.Transport
     folder = str(tmp_path)
     options = {"data_folder_in": folder, "data_folder_out": folder, "control_folder": folder}
     with (
         caplog.at_level(logging.WARNING, logger="kombu.connection"),
         Connection("filesystem://", transport_options=options) as conn,
     ):
-        assert type(conn.transport).__module__ == "agentrun.broker"
+        assert type(conn.transport).__module__ == "agentrun.infra.broker"
         conn.info()
         with conn.SimpleQueue("q") as queue:  # and it still carries messages
             queue.put({"hello": 1})

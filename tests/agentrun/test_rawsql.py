@@ -4,8 +4,8 @@ import pytest
 from django.db import IntegrityError, connection
 from django.utils import timezone
 
-from agentrun import rawsql
 from agentrun.models import Event, Run, Snapshot, Step
+from agentrun.store import rawsql
 from tests.base import final, make_run, script
 
 pytestmark = pytest.mark.django_db(transaction=True)

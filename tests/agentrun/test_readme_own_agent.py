@@ -130,8 +130,8 @@ def example(settings, tmp_path):
 
 @pytest.mark.django_db
 def test_a_bad_input_is_refused_with_the_agents_message(example):
-    from agentrun import services
     from agentrun.agents import InvalidInput
+    from agentrun.lifecycle import services
 
     with pytest.raises(InvalidInput, match="word must be a non-empty string"):
         services.start_run("glossary", {"word": " "})
@@ -140,8 +140,8 @@ def test_a_bad_input_is_refused_with_the_agents_message(example):
 
 @pytest.mark.django_db
 def test_a_note_that_is_not_a_string_fails_the_step_with_its_path(example):
-    from agentrun import services
     from agentrun.agents import register
+    from agentrun.lifecycle import services
     from tests.base import drive
 
     @register
@@ -163,7 +163,7 @@ def test_a_note_that_is_not_a_string_fails_the_step_with_its_path(example):
 
 @pytest.mark.django_db
 def test_a_sandbox_fork_of_the_example_files_no_second_note(example, tmp_path):
-    from agentrun import services
+    from agentrun.lifecycle import services
     from tests.base import drive
 
     parent = drive(services.start_run("glossary", {"word": "fork"}))

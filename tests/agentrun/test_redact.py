@@ -1,4 +1,4 @@
-"""Tests for agentrun.redact: secret keys, secrets inside strings, sharing."""
+"""Tests for agentrun.security.redact: secret keys, secrets inside strings, sharing."""
 
 import copy
 import json
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrun.redact import REDACTED, is_secret_key, redact, redact_text
+from agentrun.security.redact import REDACTED, is_secret_key, redact, redact_text
 
 OPENAI_KEY = "sk-" + "A1b2C3d4E5f6G7h8J9k0"
 OPENAI_PROJECT_KEY = "sk-proj-" + "Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2"
@@ -300,7 +300,7 @@ def test_texts_with_an_underscore_but_no_github_prefix_skip_the_token_scan_only(
     # redact_text scans a text with an underscore for tokens only when it holds the start
     # of a GitHub token (most such text is identifiers, "call_12"): the same text out as
     # when every text with an underscore is scanned.
-    from agentrun import redact as r
+    from agentrun.security import redact as r
 
     out = redact_text(text)
     if r._TOKENS.search(text):
@@ -324,7 +324,7 @@ _PAIR_PIECES = st.sampled_from(
 def test_texts_without_a_separator_skip_the_pair_scan_only(text: str) -> None:
     # redact_text looks for a secret's name only in text with a ":" or a "=": the same
     # text out as when every text is looked at.
-    from agentrun import redact as r
+    from agentrun.security import redact as r
 
     out = redact_text(text)
     original = r._may_hold_pair

@@ -10,9 +10,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from agentrun import retention, services, snapshots
-from agentrun.delta import state_hash
+from agentrun.lifecycle import retention, services
 from agentrun.models import Event, Run, SearchBlock, Snapshot, Step, ToolCall
+from agentrun.store import snapshots
+from agentrun.store.delta import state_hash
 from tests.base import calls, drive, final, make_people, make_run, script
 
 pytestmark = pytest.mark.django_db

@@ -8,8 +8,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from agentrun.lifecycle.runids import RunIdError, resolve_run
 from agentrun.models import Run
-from agentrun.runids import RunIdError, resolve_run
 from tests.base import drive, final, make_run, script
 
 pytestmark = pytest.mark.django_db

@@ -1,14 +1,13 @@
 """A worker builds the stored search index of a long run when the run ends
-(agentrun.callsearch), and the search uses it."""
+(agentrun.store.callsearch), and the search uses it."""
 
 from __future__ import annotations
 
 import pytest
 
-from agentrun import callsearch
 from agentrun.models import SearchBlock, Step
-from debugger import search
-from debugger.search import matching_steps
+from agentrun.store import callsearch, search
+from agentrun.store.search import matching_steps
 from tests.base import calls, final, make_people, make_run, script
 from tests.workers import wait_until
 

@@ -8,9 +8,10 @@ import time
 import pytest
 from django.utils import timezone
 
-from agentrun import engine, services, snapshots
+from agentrun import engine
 from agentrun.agents import CallResult, InvalidInput, StepContext, get_agent
 from agentrun.builtin.shop import STAGE_STEPS, STAGE_TOOLS, get_cart, get_recommendations
+from agentrun.lifecycle import services
 from agentrun.models import (
     Event,
     InventoryItem,
@@ -21,6 +22,7 @@ from agentrun.models import (
     Step,
     ToolCall,
 )
+from agentrun.store import snapshots
 from agentrun.tools import ToolContext
 from tests.base import drive, make_people
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.management.commands.demo import corrected_state
 from agentrun.models import LedgerEntry, OutboxMessage, ToolCall
 from tests.base import drive, make_people

@@ -15,8 +15,8 @@ import pytest
 from django.core.management import call_command
 from django.test import Client
 
-from agentrun import services
 from agentrun.agents import Decision, StateAgent, register
+from agentrun.lifecycle import services
 from agentrun.models import Run, Step
 from tests.base import make_people
 from tests.workers import wait_until

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrun import delta, snapshots
 from agentrun.models import Run, Snapshot, SnapshotKind
+from agentrun.store import delta, snapshots
 from tests.agentrun.test_delta import json_values
 
 pytestmark = pytest.mark.django_db
@@ -95,7 +95,7 @@ def test_a_state_mostly_rewritten_every_step_waits_longer_for_its_keyframes():
 def test_deltas_packed_with_the_short_window_by_older_code_still_read_back():
     from django.db import connection
 
-    from agentrun import models
+    from agentrun.store import codec
 
     run = Run.objects.create(agent="scripted")
     base = " ".join(f"word{j * 7919 % 1000}" for j in range(300))
@@ -103,13 +103,13 @@ def test_deltas_packed_with_the_short_window_by_older_code_still_read_back():
     chain = [{"base": base, "echo": base[i * 40 : i * 40 + 300], "n": i} for i in range(12)]
     write_chain(run, chain)
     keyframe = Snapshot.objects.filter(run=run, kind=SnapshotKind.FULL).order_by("seq").first()
-    text = models.json_text(keyframe.data).encode()
+    text = codec.json_text(keyframe.data).encode()
     rewritten = 0
     for snap in Snapshot.objects.filter(
         run=run, kind=SnapshotKind.DELTA, keyframe_seq=keyframe.seq
     ):
-        ops = models.json_text(snap.data).encode()
-        packed = models.pack_text(ops, run.pk, keyframe.seq, text, models.SHORT_WINDOW)
+        ops = codec.json_text(snap.data).encode()
+        packed = codec.pack_text(ops, run.pk, keyframe.seq, text, codec.SHORT_WINDOW)
         if bytes(packed)[:1] == b"\x02":
             with connection.cursor() as cursor:
                 cursor.execute(
@@ -117,7 +117,7 @@ def test_deltas_packed_with_the_short_window_by_older_code_still_read_back():
                 )
             rewritten += 1
     assert rewritten >= 3
-    models.forget_dictionaries()
+    codec.forget_dictionaries()
     rows = list(Snapshot.objects.filter(run=run).order_by("seq"))
     for row, state in zip(rows, chain, strict=True):
         assert delta.canonical(snapshots.load_state(row)) == delta.canonical(state)

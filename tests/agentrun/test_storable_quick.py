@@ -11,8 +11,8 @@ from unittest import mock
 
 import pytest
 
-from agentrun import storable
-from agentrun.redact import redact
+from agentrun.security import storable
+from agentrun.security.redact import redact
 
 
 class Colour(StrEnum):

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 from hypothesis import HealthCheck, given, settings
 
-from agentrun import models
 from agentrun.models import Run, Snapshot, Step, ToolCall
+from agentrun.store import codec
 from tests.agentrun.test_delta import json_values
 
 pytestmark = pytest.mark.django_db
@@ -161,12 +161,12 @@ def test_nan_is_refused_rather_than_stored_as_something_else(run):
 
 
 def test_a_damaged_value_is_refused_with_zlibs_own_error_whichever_inflater_reads_it():
-    """models.inflate reads plain values with ISA-L when it is installed (the project
+    """codec.inflate reads plain values with ISA-L when it is installed (the project
     depends on it); a damaged or cut value still raises zlib.error, which callers catch."""
     text = json.dumps({"notes": ["the quick brown fox"] * 50}).encode()
     stored = zlib.compress(text)
-    assert models._isal_zlib is not None, "isal is a dependency: it should be installed"
-    assert models.inflate(stored) == text
+    assert codec._isal_zlib is not None, "isal is a dependency: it should be installed"
+    assert codec.inflate(stored) == text
     bad_window = b"\xf8\x9b" + stored[2:]  # a header zlib refuses: a 64 KiB window and more
     for damaged in (
         stored[: len(stored) // 2],
@@ -175,4 +175,4 @@ def test_a_damaged_value_is_refused_with_zlibs_own_error_whichever_inflater_read
         b"",
     ):
         with pytest.raises(zlib.error):
-            models.inflate(damaged)
+            codec.inflate(damaged)

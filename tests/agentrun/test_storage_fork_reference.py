@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from agentrun import delta, snapshots
-from agentrun.delta import state_hash
+from agentrun.lifecycle.services import fork_run
 from agentrun.models import Snapshot, SnapshotKind
-from agentrun.services import fork_run
+from agentrun.store import delta, snapshots
+from agentrun.store.delta import state_hash
 from debugger.states import load_states
 from tests.base import calls, drive, final, make_people, make_run, script
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from agentrun import snapshots
 from agentrun.models import Run, Snapshot
+from agentrun.store import snapshots
 from tests.agentrun.test_snapshots import write_chain
 
 pytestmark = pytest.mark.django_db

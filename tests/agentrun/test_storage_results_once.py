@@ -8,10 +8,11 @@ import zlib
 import pytest
 from django.db import connection
 
-from agentrun import archive
-from agentrun.models import PACKED, Snapshot, SnapshotKind, ToolCall, json_text
+from agentrun.lifecycle import archive
+from agentrun.models import Snapshot, SnapshotKind, ToolCall
+from agentrun.store.codec import PACKED, json_text
+from agentrun.store.search import matching_steps
 from agentrun.tools import ToolContext, tool
-from debugger.search import matching_steps
 from tests.base import calls, drive, final, make_run, script
 
 pytestmark = pytest.mark.django_db
@@ -123,21 +124,21 @@ def test_a_call_with_side_effects_keeps_its_result_whole():
 def test_a_stale_remembered_dictionary_is_read_again_from_the_database():
     """A run deleted and imported again under its id may hold other text at the same
     snapshot: the stream's checksum tells, and the dictionary is read again."""
-    from agentrun import models
+    from agentrun.store import codec
 
     run = run_of_lookups()
     call = packed_calls(run)[-1]
     expected = ToolCall.objects.get(pk=call.pk).result
     key = stored(call)[1:21]
-    models.remember_dictionary(run.pk, int.from_bytes(key[16:], "big"), b'["other text"]')
+    codec.remember_dictionary(run.pk, int.from_bytes(key[16:], "big"), b'["other text"]')
     assert ToolCall.objects.get(pk=call.pk).result == expected
 
 
 def test_a_deltas_keyframe_is_its_dictionary_and_every_state_reads_back():
-    from agentrun import hashing, models, snapshots
+    from agentrun.store import codec, hashing, snapshots
 
     run = run_of_lookups(pages=6)
-    models.forget_dictionaries()  # as in another process: the keyframes are read from the database
+    codec.forget_dictionaries()  # as in another process: the keyframes are read from the database
     deltas = Snapshot.objects.filter(run=run, kind=SnapshotKind.DELTA)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -152,13 +153,13 @@ def test_a_deltas_keyframe_is_its_dictionary_and_every_state_reads_back():
 
 
 def test_search_finds_no_result_whose_dictionary_a_purge_took_meanwhile_and_does_not_fail():
-    from agentrun import models
-    from debugger.search import stored_calls
+    from agentrun.store import codec
+    from agentrun.store.search import stored_calls
 
     run = run_of_lookups()
     packed = packed_calls(run)
     assert packed
-    models.forget_dictionaries()
+    codec.forget_dictionaries()
     # What a purge leaves for a moment: the calls read, their post deltas already gone.
     Snapshot.objects.filter(run=run, at="post", kind=SnapshotKind.DELTA).delete()
     rows = {step_id: result for step_id, _, result in stored_calls(run.pk)}
@@ -177,7 +178,7 @@ def test_a_runs_results_are_read_with_their_deltas_in_one_pass(monkeypatch):
     from django.db import connection as conn
     from django.test.utils import CaptureQueriesContext
 
-    from agentrun import models, snapshots
+    from agentrun.store import codec, snapshots
 
     monkeypatch.setattr(snapshots, "KEYFRAME_ROWS", 4)  # keyframes every few steps
     run = run_of_lookups(pages=20)
@@ -186,13 +187,13 @@ def test_a_runs_results_are_read_with_their_deltas_in_one_pass(monkeypatch):
     calls_ = ToolCall.objects.filter(run=run).order_by("step__number")
     blobs = [stored(call) for call in calls_]
     assert sum(blob[:1] == bytes([PACKED]) for blob in blobs) >= 8
-    models.forget_dictionaries()
+    codec.forget_dictionaries()
     snapshots.forget_keyframe_texts()
     with CaptureQueriesContext(conn) as queries:
         texts = snapshots.inflate_results(run.pk, blobs)
     assert len(queries) <= 2  # the first delta's keyframe_seq, then the chain
-    models.forget_dictionaries()
-    assert texts == [models.inflate(blob) for blob in blobs]
+    codec.forget_dictionaries()
+    assert texts == [codec.inflate(blob) for blob in blobs]
     assert [json.loads(t) for t in texts] == [call.result for call in calls_]
 
 
@@ -202,14 +203,14 @@ def test_a_result_whose_delta_is_gone_reads_as_none_without_a_query_each():
     from django.db import connection as conn
     from django.test.utils import CaptureQueriesContext
 
-    from agentrun import models, snapshots
+    from agentrun.store import codec, snapshots
 
     run = run_of_lookups(pages=8)
     calls_ = list(ToolCall.objects.filter(run=run).order_by("step__number"))
     blobs = [stored(call) for call in calls_]
     packed = [i for i, blob in enumerate(blobs) if blob[:1] == bytes([PACKED])]
     assert len(packed) >= 4
-    models.forget_dictionaries()
+    codec.forget_dictionaries()
     snapshots.forget_keyframe_texts()
     Snapshot.objects.filter(run=run, at="post", kind=SnapshotKind.DELTA).delete()
     with CaptureQueriesContext(conn) as queries:

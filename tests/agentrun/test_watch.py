@@ -6,10 +6,12 @@ import json
 
 import pytest
 
-from agentrun import models, services, snapshots, watch
+from agentrun import models
 from agentrun.builtin.shop import STAGE_STEPS
+from agentrun.lifecycle import services
 from agentrun.models import Run, Snapshot
-from agentrun.watch import MISSING, PathSyntaxError, parse_path
+from agentrun.store import codec, snapshots, watch
+from agentrun.store.watch import MISSING, PathSyntaxError, parse_path
 from tests.base import calls, drive, final, make_people, make_run, play_incident, script
 
 pytestmark = pytest.mark.django_db
@@ -328,7 +330,7 @@ def test_the_history_agrees_with_every_state_rebuilt_in_full():
     where the value at the path differs from the one before, with those two values."""
     import random
 
-    from agentrun.delta import canonical
+    from agentrun.store.delta import canonical
 
     rng = random.Random(7)
     state = {"a": [{"k": 0, "v": [0]}], "b": {"c": {"d": 0}}}
@@ -404,7 +406,7 @@ def _random_list_states(seed: int, steps: int) -> list[dict]:
 def test_an_item_of_a_mostly_growing_list_agrees_with_every_state_rebuilt_in_full(padded):
     """Splices that start after the watched item are not read; the ones before it that
     shift items (inserts, removals, cuts) are, and give the same history as full states."""
-    from agentrun.delta import canonical
+    from agentrun.store.delta import canonical
 
     # Unpadded, keyframes now and then: the deltas soon outweigh the small state.
     run = chain(*_random_list_states(11, 160), pad=padded)
@@ -537,7 +539,7 @@ def engine_chain(*states: dict) -> Run:
         Snapshot(**values).save()
         snapshots.committed(snap, text)
         prev, prev_state = snap, state
-    models.forget_dictionaries()  # a reader in another process: keyframes from the table
+    codec.forget_dictionaries()  # a reader in another process: keyframes from the table
     snapshots.forget_keyframe_texts()
     return run
 
@@ -558,21 +560,21 @@ def test_deltas_packed_against_a_keyframe_the_watch_skips_read_the_same_history(
 
     stored = ExpressionWrapper(F("data"), output_field=BinaryField())  # as stored, not decoded
     deltas = Snapshot.objects.filter(run=run, kind="delta").values_list(stored, flat=True)
-    packed = [models.packed_against(bytes(data), run.pk) for data in deltas]
+    packed = [codec.packed_against(bytes(data), run.pk) for data in deltas]
     assert sum(seq is not None for seq in packed) > 100, "the deltas are packed"
     skipped = Snapshot.objects.filter(run=run, kind="full", step__in=quiet).first()
     assert skipped is not None, "the test needs a keyframe that only big changed"
     asked: list[bytes] = []
-    real = models.dictionaries
+    real = codec.dictionaries
 
     def spy(wanted):
         asked.extend(wanted)
         return real(wanted)
 
-    monkeypatch.setattr(models, "dictionaries", spy)
+    monkeypatch.setattr(codec, "dictionaries", spy)
     for text in ("log[-1].n", "log[-1]", "log[-2].text", "big"):
         if text == "big":
-            assert models.dictionary_key(run.pk, skipped.seq) not in asked
+            assert codec.dictionary_key(run.pk, skipped.seq) not in asked
         path = parse_path(text)
         got = watch.history(run, path)
         assert [(c.step, c.before, c.after) for c in got.changes] == rebuilt_changes(run, path)

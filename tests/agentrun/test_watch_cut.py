@@ -9,9 +9,10 @@ import random
 
 import pytest
 
-from agentrun import watch
-from agentrun.models import Snapshot, json_text
-from agentrun.watch import parse_path
+from agentrun.models import Snapshot
+from agentrun.store import watch
+from agentrun.store.codec import json_text
+from agentrun.store.watch import parse_path
 from tests.agentrun.test_watch import chain, rebuilt_changes
 
 # Values that look like ops on the watched key, or hold its name, or a whole-state op.

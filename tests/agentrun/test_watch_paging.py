@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from agentrun import watch
-from agentrun.delta import canonical
 from agentrun.models import Snapshot
-from agentrun.watch import MISSING, parse_path
+from agentrun.store import watch
+from agentrun.store.delta import canonical
+from agentrun.store.watch import MISSING, parse_path
 from tests.agentrun.test_watch import chain
 
 pytestmark = pytest.mark.django_db

@@ -118,8 +118,8 @@ def long_run(
 
 
 def _snapshots(run: Run, last: int) -> None:
-    from agentrun import snapshots
     from agentrun.models import Snapshot
+    from agentrun.store import snapshots
 
     state: dict[str, Any] = {"phase": "planning", "memory": {"notes": []}, "iteration": 0}
     prev, node, batch = None, None, []

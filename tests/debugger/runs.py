@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.models import Run
 from tests.base import calls, drive, final, make_run, script
 

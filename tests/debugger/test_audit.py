@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.models import Event, ToolCall
 from tests.base import drive
 from tests.debugger import runs

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.models import Run
 from tests.base import drive
 from tests.debugger import runs

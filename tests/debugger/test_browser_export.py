@@ -9,7 +9,7 @@ from functools import partial
 
 import pytest
 
-from agentrun import archive
+from agentrun.lifecycle import archive
 from agentrun.models import Run
 from tests.agentrun import archives
 from tests.agentrun.test_archive_export_import import forget

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.models import Event, Run
 from tests.base import drive, make_people
 from tests.debugger import runs

@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from agentrun import snapshots
+from agentrun.lifecycle.services import start_run
 from agentrun.management.commands.demo import FIX_OF, FIX_STEP, STORIES, advance, corrected_state
 from agentrun.models import Event, Run
-from agentrun.services import start_run
+from agentrun.store import snapshots
 from tests.base import make_people
 from tests.debugger.browser import assert_inert, chromium, login, page_for, settle, shot
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrun import services
+from agentrun.lifecycle import services
 from tests.base import calls, drive, final, make_people, script
 from tests.debugger.browser import assert_inert, chromium, login, page_for, settle, shot
 

@@ -12,9 +12,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agentrun import retention, services, snapshots
+from agentrun.lifecycle import retention, services
 from agentrun.models import Run
-from agentrun.roles import create_user
+from agentrun.security.roles import create_user
+from agentrun.store import snapshots
 from tests.base import PASSWORD, drive, make_in_flight
 from tests.debugger import runs
 from tests.debugger.browser import chromium, login, page_for, settle, shot

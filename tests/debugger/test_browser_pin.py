@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agentrun import retention
+from agentrun.lifecycle import retention
 from agentrun.models import Event, Run, ToolCall
 from tests.base import make_people
 from tests.debugger import runs

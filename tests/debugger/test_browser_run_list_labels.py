@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.models import Run
 from tests.base import calls, drive, final, make_people, script
 from tests.debugger.browser import assert_inert, chromium, login, page_for, settle, shot

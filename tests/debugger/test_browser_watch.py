@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from agentrun import services, snapshots
+from agentrun.lifecycle import services
+from agentrun.store import snapshots
 from tests.base import INCIDENT, drive, make_people
 from tests.debugger.browser import assert_inert, chromium, login, page_for, shot
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentrun import services, snapshots
-from agentrun.delta import state_hash
+from agentrun.lifecycle import services
 from agentrun.models import Snapshot, SnapshotKind
+from agentrun.store import snapshots
+from agentrun.store.delta import state_hash
 from debugger.diffs import diff_states
 from debugger.states import diff_snapshots, load_states
 from tests.base import calls, drive, make_run, script

@@ -9,8 +9,9 @@ import re
 import pytest
 from django.test import Client
 
-from agentrun import services, snapshots
+from agentrun.lifecycle import services
 from agentrun.models import Event, Run, Snapshot
+from agentrun.store import snapshots
 from tests.base import PASSWORD
 from tests.debugger import runs
 from tests.debugger.conftest import hx

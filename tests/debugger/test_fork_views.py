@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from agentrun import services, snapshots
+from agentrun.lifecycle import services
 from agentrun.models import Event, Run, ToolCall
+from agentrun.store import snapshots
 from tests.base import calls, drive, final, make_run, script
 from tests.debugger import runs
 from tests.debugger.conftest import hx

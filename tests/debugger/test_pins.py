@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agentrun import retention, services
+from agentrun.lifecycle import retention, services
 from agentrun.models import Event, Run, ToolCall
 from tests.debugger import runs
 

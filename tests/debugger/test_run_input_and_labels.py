@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.models import Run
-from agentrun.redact import REDACTED
+from agentrun.security.redact import REDACTED
 from tests.base import calls, drive, final, script
 from tests.debugger.conftest import HX
 

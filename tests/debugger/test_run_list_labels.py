@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.models import Run, Step
 from tests.base import calls, drive, final, script
 from tests.debugger import runs

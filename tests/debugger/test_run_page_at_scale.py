@@ -124,7 +124,7 @@ def test_a_plain_run_opens_on_its_last_step(client_for, people):
 
 
 def test_a_fork_opens_on_its_first_step_that_diverged_from_its_parent(client_for, people):
-    from agentrun import services
+    from agentrun.lifecycle import services
     from tests.base import drive
 
     parent = runs.walkthrough_run(people["operator"])

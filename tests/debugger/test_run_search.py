@@ -7,7 +7,7 @@ import re
 import pytest
 
 from agentrun.models import Event, Step, ToolCall
-from debugger.search import matching_steps
+from agentrun.store.search import matching_steps
 from tests.debugger import runs
 from tests.debugger.conftest import hx
 from tests.debugger.long_runs import long_run

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentrun import callsearch
 from agentrun.models import Step, ToolCall
-from debugger import search
-from debugger.search import matching_steps
+from agentrun.store import callsearch, search
+from agentrun.store.search import matching_steps
 from tests.debugger.long_runs import long_run
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""A long finished run's text search goes to its stored index (agentrun.callsearch): it
+"""A long finished run's text search goes to its stored index (agentrun.store.callsearch): it
 finds what a scan of the calls finds without reading them, is used only while it matches
 the run's calls, is built by a worker when the run ends, and goes with the purge."""
 
@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 from django.core.management import CommandError, call_command
 
-from agentrun import callsearch, retention
+from agentrun.lifecycle import retention
 from agentrun.models import Run, SearchBlock, ToolCall
-from debugger import search
-from debugger.search import matching_steps
+from agentrun.store import callsearch, search
+from agentrun.store.search import matching_steps
 from tests.base import calls, drive, final, make_run, script
 from tests.debugger.long_runs import long_run
 

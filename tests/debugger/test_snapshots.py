@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentrun import snapshots
+from agentrun.store import snapshots
 from tests.debugger import runs
 from tests.debugger.conftest import hx
 

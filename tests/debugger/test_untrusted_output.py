@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from agentrun import services
+from agentrun.lifecycle import services
 from tests.base import drive
 from tests.debugger import runs
 from tests.debugger.conftest import hx

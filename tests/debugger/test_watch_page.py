@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from agentrun import services, snapshots
+from agentrun.lifecycle import services
+from agentrun.store import snapshots
 from tests.base import drive, play_incident
 
 pytestmark = pytest.mark.django_db
@@ -150,7 +151,7 @@ def test_compare_refuses_a_bad_watched_path_with_a_400(client_for, fork):
 
 
 def test_a_long_history_pages_and_says_more_than_the_changes_shown(client_for, monkeypatch):
-    from agentrun import watch
+    from agentrun.store import watch
     from debugger import views
 
     monkeypatch.setattr(watch, "COUNTED", 3)

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentrun.roles import ROLES, clean_username, create_user
+from agentrun.security.roles import ROLES, clean_username, create_user
 
 
 class Command(BaseCommand):

@@ -1,4 +1,4 @@
-"""Regroup the deltas of long finished runs (agentrun.compaction).
+"""Regroup the deltas of long finished runs (agentrun.store.compaction).
 
     manage.py compact [RUN_ID ...] [--all]
 
@@ -18,9 +18,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import F
 
-from agentrun import compaction
 from agentrun.management.commands.fork import find_run
 from agentrun.models import ACTIVE_STATUSES, Run
+from agentrun.store import compaction
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentrun import dbroles
+from agentrun.audit import dbroles
 
 
 class Command(BaseCommand):

@@ -26,11 +26,13 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.utils import timezone
 
-from agentrun import engine, services, snapshots
-from agentrun import labels as run_labels
+from agentrun import engine
 from agentrun.builtin.shop import STAGE_STEPS, cart_as_of, read_note, write_note
+from agentrun.lifecycle import labels as run_labels
+from agentrun.lifecycle import services
 from agentrun.models import TERMINAL_STATUSES, LedgerEntry, Run, RunStatus, ToolCall, WaitReason
-from agentrun.roles import create_user, role_of
+from agentrun.security.roles import create_user, role_of
+from agentrun.store import snapshots
 
 PASSWORD = "demo"  # noqa: S105 — the documented demo login
 DEMO_USERS = [("admin", "admin"), ("operator", "operator"), ("viewer", "viewer")]

@@ -1,4 +1,4 @@
-"""Export a run to an archive (agentrun.archive, docs/ARCHIVE.md).
+"""Export a run to an archive (agentrun.lifecycle.archive, docs/ARCHIVE.md).
 
     manage.py exportrun RUN_ID [-o FILE] [--with-ancestors]
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentrun import archive
+from agentrun.lifecycle import archive
 from agentrun.management.commands.fork import find_run
 
 

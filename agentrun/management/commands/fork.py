@@ -18,12 +18,12 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentrun import services
 from agentrun.agents import InvalidInput
+from agentrun.lifecycle import services
+from agentrun.lifecycle.runids import RunIdError, resolve_run
 from agentrun.models import Run, ToolCall
-from agentrun.roles import can_operate, role_of
-from agentrun.runids import RunIdError, resolve_run
-from agentrun.storable import parse_json
+from agentrun.security.roles import can_operate, role_of
+from agentrun.security.storable import parse_json
 
 #: Snapshot positions are 32-bit integers: a step beyond this can't exist.
 MAX_STEP = 10**9

@@ -1,4 +1,4 @@
-"""Import a run's archive, read-only (agentrun.archive, docs/ARCHIVE.md).
+"""Import a run's archive, read-only (agentrun.lifecycle.archive, docs/ARCHIVE.md).
 
     manage.py importrun FILE [--user NAME]
 
@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentrun import archive
+from agentrun.lifecycle import archive
 from agentrun.management.commands.fork import find_operator
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentrun import services
+from agentrun.lifecycle import services
 from agentrun.management.commands.fork import find_operator, find_run
 
 

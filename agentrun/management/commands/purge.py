@@ -4,7 +4,7 @@
 
 Without --older-than the configured retention (AGENTRUN_RETENTION_DAYS) applies.
 Pinned runs, their fork ancestors and descendants, active runs and the audit trail
-(events, write/hybrid calls) stay: see agentrun.retention.
+(events, write/hybrid calls) stay: see agentrun.lifecycle.retention.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentrun import retention
+from agentrun.lifecycle import retention
 
 
 def positive(value: str) -> int:

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from agentrun.reconcile import reconcile_once
+from agentrun.engine.reconcile import reconcile_once
 
 
 class Command(BaseCommand):

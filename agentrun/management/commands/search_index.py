@@ -1,4 +1,4 @@
-"""Build the stored search index of long finished runs (agentrun.callsearch).
+"""Build the stored search index of long finished runs (agentrun.store.callsearch).
 
     manage.py search_index [RUN_ID ...] [--missing]
 
@@ -18,9 +18,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import F
 
-from agentrun import callsearch
 from agentrun.management.commands.fork import find_run
 from agentrun.models import ACTIVE_STATUSES, Run
+from agentrun.store import callsearch
 
 
 class Command(BaseCommand):

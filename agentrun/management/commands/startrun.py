@@ -9,11 +9,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentrun import inflight, services
-from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput
+from agentrun.engine import inflight
+from agentrun.lifecycle import labels as run_labels
+from agentrun.lifecycle import services
 from agentrun.models import Run, RunStatus
-from agentrun.storable import parse_json
+from agentrun.security.storable import parse_json
 
 # --wait exit codes: 0 only when the run succeeded.
 EXIT_FAILED = 1  # failed or cancelled

@@ -17,8 +17,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentrun import watch
 from agentrun.management.commands.fork import find_run
+from agentrun.store import watch
 
 PREVIEW = 120
 

@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of the JSON API, served at /api/openapi.json.
 
 Nothing here is written by hand: Django Ninja generates it from the operations
-declared in agentrun.api and the models in agentrun.api_schemas.
+declared in agentrun.api.operations and the models in agentrun.api.schemas.
 """
 
 from __future__ import annotations
@@ -10,6 +10,6 @@ from typing import Any
 
 
 def document() -> dict[str, Any]:
-    from agentrun.api import api
+    from agentrun.api.operations import api
 
     return api.document()

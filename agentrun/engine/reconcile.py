@@ -32,7 +32,7 @@ def reconcile_once(grace_seconds: float | None = None) -> dict[str, int]:
     )
     unleased = Q(lease_expires_at__isnull=True, updated_at__lt=now - grace)
     expired = Q(lease_expires_at__lt=now)
-    # An imported run (agentrun.archive) is a read-only record: never resumed here.
+    # An imported run (agentrun.lifecycle.archive) is a read-only record: never resumed here.
     local = Run.objects.filter(imported_at__isnull=True)
     stalled = local.filter(status__in=(RunStatus.QUEUED, RunStatus.RUNNING)).filter(
         unleased | expired

@@ -31,7 +31,7 @@ from math import copysign
 from operator import eq, is_, is_not
 from typing import Any
 
-from agentrun import prefixes
+from agentrun.store import prefixes
 
 __all__ = ["DeltaError", "canonical", "diff", "json_size", "patch", "state_hash"]
 
@@ -449,8 +449,8 @@ def canonical(value: Any) -> bytes:
 
 
 def state_hash(value: Any) -> str:
-    """The content hash of a JSON value: its Merkle hash (see agentrun.hashing)."""
-    from agentrun.hashing import digest
+    """The content hash of a JSON value: its Merkle hash (see agentrun.store.hashing)."""
+    from agentrun.store.hashing import digest
 
     return digest(value)
 

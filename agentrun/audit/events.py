@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentrun.models import Event, Run
-from agentrun.redact import redact
+from agentrun.security.redact import redact
 
 
 def record_event(

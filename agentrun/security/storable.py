@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 
-from agentrun.redact import REDACTED, hides_nothing, is_secret_key, redact_text
+from agentrun.security.redact import REDACTED, hides_nothing, is_secret_key, redact_text
 
 #: The rule as a JSON Schema pattern, for API documents: no NUL. (A lone surrogate is
 #: no Unicode at all: JSON Schema's strings can't hold one, so no pattern can name it.)
@@ -74,7 +74,7 @@ def escape(value: Any) -> Any:
 
 def escape_redacted(value: Any) -> Any:
     """redact(escape(value)) in one walk: how a step keeps a decision or a tool's result,
-    its text escaped (see escape) and then its secrets redacted (see agentrun.redact).
+    its text escaped (see escape) and then its secrets redacted (see agentrun.security.redact).
     Always a copy of its lists and objects, tuples made lists. Recursive, as escape."""
     if isinstance(value, str):
         return redact_text(escape_text(value))

@@ -1,10 +1,16 @@
-"""Waking a worker for a step: the broker message is only a wake-up."""
+"""Messages to workers, sent once the current transaction commits.
+
+The broker is only a wake-up: a message lost or sent twice is harmless, since the database
+says what is due (the reconciler finds a run whose wake-up was lost). Tasks are named, not
+imported, so that what sends one (the engine, the store's derived data) needs nothing above it.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 
@@ -12,18 +18,13 @@ log = logging.getLogger(__name__)
 
 
 def enqueue(run_id: Any, step: int, countdown: float | None = None) -> None:
-    """Wake a worker for (run, step) once the current transaction commits.
-
-    The message is only a wake-up: losing or duplicating it is harmless.
-    """
+    """Wake a worker for (run, step) once the current transaction commits."""
     if not settings.AGENTRUN_ENQUEUE:
         return
 
     def send() -> None:
-        from agentrun.tasks import execute_step_task
-
         try:
-            execute_step_task.apply_async((str(run_id), step), countdown=countdown)
+            current_app.send_task("agentrun.execute_step", (str(run_id), step), countdown=countdown)
         except Exception:  # the reconciler will find the run
             log.exception("could not enqueue step %s of %s", step, run_id)
 
@@ -38,10 +39,8 @@ def ask(task_name: str, run_id: Any, what: str) -> None:
         return
 
     def send() -> None:
-        from agentrun.celery import app
-
         try:
-            app.send_task(task_name, (str(run_id),))
+            current_app.send_task(task_name, (str(run_id),))
         except Exception:
             log.exception("could not ask for %s of %s", what, run_id)
 

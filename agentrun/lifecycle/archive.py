@@ -35,7 +35,6 @@ from django.db import DatabaseError, connection, models, transaction
 from django.db.models import ExpressionWrapper, F
 from django.utils import timezone
 
-from agentrun import delta, hashing, snapshots
 from agentrun.models import (
     CompressedJSONField,
     Event,
@@ -46,10 +45,11 @@ from agentrun.models import (
     SnapshotKind,
     Step,
     ToolCall,
-    inflate_many,
 )
 from agentrun.state import SCHEMA_VERSION
-from agentrun.watch import touched_paths
+from agentrun.store import delta, hashing, snapshots
+from agentrun.store.codec import inflate_many
+from agentrun.store.paths import touched_paths
 
 FORMAT = "agentrun-run-archive"
 FORMAT_VERSION = 1
@@ -946,7 +946,7 @@ def import_archive(open_stream: Any, *, user: Any = None) -> list[Run]:
             writer.flush()
             if sha.hexdigest() != checked.sha256:
                 raise ArchiveError("the archive changed while it was being imported")
-            from agentrun.events import record_event
+            from agentrun.audit.events import record_event
 
             root = Run.objects.get(pk=checked.runs[-1])
             record_event(

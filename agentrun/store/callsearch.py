@@ -38,8 +38,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Max, Q
 
+from agentrun.infra.queue import ask
 from agentrun.models import Run, SearchBlock, ToolCall, ToolCallStatus
-from agentrun.snapshots import inflate_results
+from agentrun.store.snapshots import inflate_results
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def stored_calls(
             + ([] if below_step_id is None else [below_step_id]),
         )
         rows = cursor.fetchall()
-    # A read's result is packed against its step's post delta (agentrun.models.pack):
+    # A read's result is packed against its step's post delta (agentrun.store.codec.pack):
     # inflate_results reads those deltas in one pass of the run's snapshots.
     # A result whose delta a purge took away meanwhile is searched as no result.
     inflated = inflate_results(run_id, [blob for _, _, blob in rows], gone_as_none=True)
@@ -208,8 +209,6 @@ def request(run: Run, version: tuple[Any, ...]) -> None:
 def send(run_id: Any) -> None:
     """Ask a worker to build the run's index once the current transaction commits (a
     message lost: a search of the run asks again)."""
-    from agentrun.engine.queue import ask
-
     ask("agentrun.search_index", run_id, "the search index")
 
 

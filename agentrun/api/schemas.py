@@ -15,8 +15,9 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
-from agentrun import inflight
-from agentrun import labels as run_labels
+from agentrun.engine import inflight
+from agentrun.lifecycle import labels as run_labels
+from agentrun.lifecycle.services import FORK_MODES, PIN_REASON_MAX
 from agentrun.models import (
     ReplayMode,
     Run,
@@ -25,8 +26,7 @@ from agentrun.models import (
     ToolCallStatus,
     WaitReason,
 )
-from agentrun.services import FORK_MODES, PIN_REASON_MAX
-from agentrun.storable import TEXT_PATTERN
+from agentrun.security.storable import TEXT_PATTERN
 
 #: A fork point or snapshot beyond this is out of range (snapshot positions are 32-bit).
 MAX_STEP = 10**9
@@ -43,13 +43,13 @@ def one_of(values: Any) -> Any:
     return Literal[tuple(str(v) for v in values)]  # type: ignore[valid-type]
 
 
-#: What agentrun.storable.parse_json refuses anywhere in a body, for free-form objects
+#: What agentrun.security.storable.parse_json refuses anywhere in a body, for free-form objects
 #: (the members' own schemas say it with a pattern).
 STORABLE_JSON = (
     "Its strings and keys hold no NUL (\\u0000) and no lone surrogate; its numbers are "
     "finite, its integers at most 100 digits long."
 )
-#: Text the database can store (agentrun.storable checks every request before this does).
+#: Text the database can store (agentrun.security.storable checks every request before this does).
 Text = Annotated[str, StringConstraints(pattern=TEXT_PATTERN)]
 At = Literal["pre", "post"]
 RunStatusName = one_of(RunStatus.values)
@@ -57,7 +57,7 @@ InFlightState = one_of(inflight.BY_KEY)
 ToolKind = Literal["read", "write", "hybrid"]
 
 
-#: A run's labels as a request member: what agentrun.labels enforces, for the document.
+#: A run's labels as a request member: what agentrun.lifecycle.labels enforces, for the document.
 LABELS_SCHEMA: dict[str, Any] = {
     "maxProperties": run_labels.MAX_LABELS,
     "propertyNames": {
@@ -112,7 +112,7 @@ class CreateRun(Request):
         "digits and `. _ - /` that start and end with a letter or digit; values of "
         f"1-{run_labels.VALUE_MAX_LENGTH} characters, no control characters, no space at "
         f"either end. `{run_labels.FORKED_FROM}` is reserved (forks get it).",
-        # Checked by agentrun.labels, which says what is wrong in its own words.
+        # Checked by agentrun.lifecycle.labels, which says what is wrong in its own words.
         json_schema_extra=LABELS_SCHEMA,
     )
 
@@ -549,7 +549,7 @@ class StepSearch(Response):
     count: int = Field(description="How many steps match.")
 
 
-# --- export and import (agentrun.archive) ----------------------------------------------
+# --- export and import (agentrun.lifecycle.archive) ----------------------------------------------
 
 
 class Imported(Response):

@@ -13,11 +13,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agentrun import callsearch, compaction, engine, storable
-from agentrun import labels as run_labels
+from agentrun import engine
 from agentrun.agents import InvalidInput, get_agent
+from agentrun.audit.events import record_event
 from agentrun.engine import compensate_run, enqueue
-from agentrun.events import record_event
+from agentrun.lifecycle import labels as run_labels
 from agentrun.models import (
     ACTIVE_STATUSES,
     PENDING_CALLS,
@@ -28,7 +28,9 @@ from agentrun.models import (
     ToolCallStatus,
     WaitReason,
 )
-from agentrun.redact import redact
+from agentrun.security import storable
+from agentrun.security.redact import redact
+from agentrun.store import callsearch, compaction
 
 
 class ActionError(ValueError):
@@ -47,7 +49,7 @@ def refuse_if_imported(run: Run) -> None:
 def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = None) -> Run:
     """Validate and create a queued run, then wake a worker for its first step.
 
-    `labels` ({"key": "value"}, see agentrun.labels) are checked first: bad ones raise
+    `labels` ({"key": "value"}, see agentrun.lifecycle.labels) are checked first: bad ones raise
     InvalidLabels (an InvalidInput) and nothing is stored.
     """
     labels = run_labels.check(labels)
@@ -63,7 +65,7 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = No
             f"input is {size} bytes; the limit is {settings.AGENTRUN_MAX_INPUT_BYTES}"
         )
     agent.validate_input(input)
-    from agentrun import snapshots
+    from agentrun.store import snapshots
 
     stored = redact(input)
     # The first pre snapshot is written with the run: the worker's claim then finds it
@@ -287,8 +289,8 @@ def fork_run(
     stored) on a bad request. The fork has its parent's labels, `labels` (checked
     like a new run's) and forked-from=<the parent's short id>.
     """
-    from agentrun import delta, snapshots
     from agentrun.models import Snapshot
+    from agentrun.store import delta, snapshots
 
     if isinstance(step, bool) or not isinstance(step, int):
         raise ForkError("step must be an integer", "step")

@@ -4,7 +4,7 @@ Each run's snapshots form a chain ordered by `seq` (2*step for pre, 2*step+1
 for post). A snapshot is stored as
 - REF: the same state as the previous snapshot (a pre that equals the post
   before it), no data;
-- DELTA: ops (agentrun.delta) turning the previous state into this one;
+- DELTA: ops (agentrun.store.delta) turning the previous state into this one;
 - FULL: the whole state, a keyframe, written when the delta bytes since the
   last keyframe outweigh the state itself (a state mostly rewritten step after
   step waits longer: KEYFRAME_RATIO, KEYFRAME_ROWS);
@@ -34,15 +34,13 @@ from typing import Any
 from django.db.models import BinaryField, ExpressionWrapper, F
 from django.db.models.base import ModelState
 
-from agentrun import delta, hashing, rawsql
-from agentrun.models import (
+from agentrun.models import CompressedJSONField, Snapshot, SnapshotKind
+from agentrun.store import delta, hashing, rawsql
+from agentrun.store.codec import (
     FULL_WINDOW,
     GROUP,
-    CompressedJSONField,
     Inflater,
     Prepared,
-    Snapshot,
-    SnapshotKind,
     dictionary_key,
     inflate,
     json_text,
@@ -52,7 +50,7 @@ from agentrun.models import (
     remember_dictionary,
     remembered_dictionary,
 )
-from agentrun.watch import touched_paths
+from agentrun.store.paths import touched_paths
 
 
 @dataclass(frozen=True)
@@ -187,7 +185,7 @@ def reference(run_id: Any, step: int, at: str, prev: Snapshot) -> Snapshot:
 def insert_values(snapshot: Snapshot) -> tuple[dict[str, Any], bytes | None]:
     """The fields to insert an unsaved snapshot with, and the JSON text of its data.
 
-    A delta is packed against its keyframe's text (models.pack_text), which every read
+    A delta is packed against its keyframe's text (codec.pack_text), which every read
     of it reads first. Its text is also the dictionary its step's read results are
     packed against (`pack_result`). Once the insert is committed, `committed(snapshot,
     text)` lets the next deltas find their keyframe's text in memory.
@@ -315,7 +313,7 @@ _RAW = ExpressionWrapper(F("data"), output_field=BinaryField())
 class _Decoder:
     """Decodes one run's stored data in seq order: a delta packed against its keyframe
     takes the keyframe's text from the row read just before it, not from a query of its
-    own that would read and decompress the keyframe a second time (models.inflate)."""
+    own that would read and decompress the keyframe a second time (codec.inflate)."""
 
     def __init__(self, run_id: Any) -> None:
         self.run_id = run_id
@@ -353,7 +351,7 @@ def chain_texts(
     again: the row's hash says it is the same text (a run deleted and imported again
     under its id may hold another). `keep`: only these rows are yielded, and the other
     deltas are not inflated (keyframes are: the deltas after them are packed against them;
-    so are the holders of regrouped deltas, agentrun.compaction)."""
+    so are the holders of regrouped deltas, agentrun.store.compaction)."""
     known = _keyframe_text(run_id, first_seq)
     params = [first_seq, known[0] if known else b"", rawsql.prep(Snapshot, "run_id", run_id)]
     rows = rawsql.fetch_all(_chain_sql(refs), [*params, first_seq, last_seq], binary=True)
@@ -383,7 +381,7 @@ def inflate_results(
 ) -> list[bytes | None]:
     """The JSON text of stored tool results of one run (None stays None).
 
-    A read's result is packed against its step's post delta (models.pack), and a delta
+    A read's result is packed against its step's post delta (codec.pack), and a delta
     against its keyframe: one by one, inflate() reads each delta, and the keyframe
     under it, with a query a batch. Here the deltas the results name are read in one
     pass of the run's chain from the first one's keyframe on (as chain() does: one query,

@@ -1,13 +1,13 @@
 """The JSON API under /api/ (DESIGN section 6), declared once with Django Ninja.
 
-Each operation is a small function typed with the models of agentrun.api_schemas:
+Each operation is a small function typed with the models of agentrun.api.schemas:
 Ninja validates the request and renders the response through them, and the
 OpenAPI document at /api/openapi.json is generated from the same declarations.
 Around that, `Api` keeps the API's conventions: every error is JSON
 `{"detail": "..."}` (with `field` naming the member at fault); the session or
 `Authorization: Bearer TOKEN` authenticates; any role may read, every POST needs
 an operator (and, from a session, the CSRF token). The views call
-agentrun.services and render.
+agentrun.lifecycle.services and render.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from ninja import Path, Query, Status
 from ninja.security import APIKeyCookie, HttpBearer
 from pydantic import StringConstraints
 
-from agentrun import api_schemas as s
-from agentrun import archive, inflight, retention, services, snapshots, watch
-from agentrun import labels as run_labels
 from agentrun.agents import InvalidInput
-from agentrun.api_base import Api, ApiError
+from agentrun.api import schemas as s
+from agentrun.api.base import Api, ApiError
+from agentrun.engine import inflight
+from agentrun.lifecycle import archive, retention, services
+from agentrun.lifecycle import labels as run_labels
 from agentrun.models import (
     ApiToken,
     LedgerEntry,
@@ -42,10 +43,10 @@ from agentrun.models import (
     ToolCall,
     ToolCallStatus,
 )
-from agentrun.redact import redact
-from agentrun.roles import can_operate, role_of
-from agentrun.storable import TEXT_PATTERN, parse_json
-from debugger import search
+from agentrun.security.redact import redact
+from agentrun.security.roles import can_operate, role_of
+from agentrun.security.storable import TEXT_PATTERN, parse_json
+from agentrun.store import search, snapshots, watch
 
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
@@ -459,7 +460,7 @@ def get_snapshot(
         snap = snapshots.get(run.pk, step, at)
     except Snapshot.DoesNotExist:
         raise ApiError(404, f"run {run.pk} has no {at} snapshot of step {step}") from None
-    return {"step": snap.step, "at": snap.at, "hash": snap.hash, "state": snap.state()}
+    return {"step": snap.step, "at": snap.at, "hash": snap.hash, "state": snapshots.load_state(snap)}
 
 
 ACTION_ERRORS = _errors(400, 401, 403, 404, 409, 413)
@@ -673,7 +674,7 @@ def _pin_action(request: HttpRequest, run_id: uuid.UUID, action: Any, reason: st
     return detail_json(_get_run(run_id))
 
 
-# --- export and import (agentrun.archive) ----------------------------------------------------
+# --- export and import (agentrun.lifecycle.archive) ----------------------------------------------------
 
 ARCHIVE_BODY = {"type": "string", "format": "binary"}
 ARCHIVE_TYPES = ("application/gzip", "application/x-gzip", "application/octet-stream")

@@ -4,7 +4,7 @@ Beat sends the reconciler every AGENTRUN_RECONCILE_EVERY seconds (5 by default),
 Celery logs each pass three times at INFO (sent, received, succeeded): a terminal of
 `make up` that scrolls by every few seconds while nothing happens hides the lines
 that matter. Those routine lines are logged at DEBUG instead; the reconciler logs
-one INFO line of its own when a pass did something (agentrun.reconcile), and
+one INFO line of its own when a pass did something (agentrun.engine.reconcile), and
 Celery's warnings and errors about it keep their level.
 """
 

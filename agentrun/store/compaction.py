@@ -39,16 +39,10 @@ from django.db import transaction
 from django.db.models import BinaryField, F
 from django.db.models.functions import Substr
 
-from agentrun import snapshots
-from agentrun.models import (
-    CompressedJSONField,
-    Run,
-    Snapshot,
-    SnapshotKind,
-    group_parts,
-    group_values,
-    is_grouped,
-)
+from agentrun.infra.queue import ask
+from agentrun.models import CompressedJSONField, Run, Snapshot, SnapshotKind
+from agentrun.store import snapshots
+from agentrun.store.codec import group_parts, group_values, is_grouped
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +173,4 @@ def _texts(run_id: Any, groups: list[list[tuple[int, int, int]]]) -> dict[int, b
 def send(run_id: Any) -> None:
     """Ask a worker to regroup the run's deltas once the current transaction commits (a
     message lost: `manage.py compact --all` finds the run)."""
-    from agentrun.engine.queue import ask
-
     ask("agentrun.compact", run_id, "the regrouping")

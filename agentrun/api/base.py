@@ -1,4 +1,4 @@
-"""Django Ninja with agentrun's API conventions (the operations are in agentrun.api).
+"""Django Ninja with agentrun's API conventions (the operations are in agentrun.api.operations).
 
 - Every error is JSON `{"detail": "..."}`, `application/json`, with extra members
   where they help (`field`: the request member at fault): raise ApiError. A 401
@@ -32,7 +32,7 @@ from ninja.operation import Operation
 from ninja.parser import Parser
 from pydantic import BaseModel, ValidationError
 
-from agentrun.storable import check_storable
+from agentrun.security.storable import check_storable
 
 log = logging.getLogger(__name__)
 

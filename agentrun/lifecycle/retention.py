@@ -424,6 +424,6 @@ def run_pass() -> dict[str, Any]:
 
 
 def record(report: PurgeReport, *, actor: str) -> None:
-    from agentrun.events import record_event
+    from agentrun.audit.events import record_event
 
     record_event("runs_purged", actor=actor, payload=report.as_dict())
