@@ -239,7 +239,7 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "agentrun.reconcile", "schedule": AGENTRUN_RECONCILE_EVERY},
 }
 
-# --- retention (g-retention) -------------------------------------------------
+# --- retention -------------------------------------------------
 # Finished runs' steps, snapshots and read calls are purged this many days after they
 # finished (pinned runs and their fork lineage excepted); 0 keeps everything forever.
 AGENTRUN_RETENTION_DAYS = env_float("AGENTRUN_RETENTION_DAYS", 30.0)

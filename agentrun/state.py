@@ -830,7 +830,7 @@ class AgentState:
 
 
 # --------------------------------------------------------------------------
-# Checking a state from the one before it (f-watch: a flat step cost).
+# Checking a state from the one before it (a flat step cost).
 # --------------------------------------------------------------------------
 
 _LIST_FIELDS = tuple(_ITEM_CHECKS)

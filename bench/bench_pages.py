@@ -174,7 +174,7 @@ def insert_list_runs(count: int) -> None:
 
 
 def insert_list_labels() -> None:
-    """b-labels: three labels per list run (one of 10 stories, 1 of 100 customers, the agent),
+    """Three labels per list run (one of 10 stories, 1 of 100 customers, the agent),
     and a retry event on every 7th run, for the label filter and the "retried" mark."""
     from agentrun.models import Event, RunLabel
 

@@ -1,4 +1,4 @@
-"""Two figures of issue 11, measured through the real engine on PostgreSQL. Run by hand:
+"""The path history and the StateAgent step at scale, measured through the real engine on PostgreSQL. Run by hand:
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/<a database of its own> \\
         .venv/bin/python bench/bench_watch.py [--steps 10000] [--repeat 5] [--no-state-agent]

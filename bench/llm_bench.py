@@ -60,7 +60,7 @@ WARNING_LINE = re.compile(r"\bWARNING\b")
 MB = 1024 * 1024
 PUBLISH_BATCH = 50  # wake-ups per Redis round trip
 
-# Targets (issue 9).
+# Targets.
 TARGET_1000_SECONDS = 8.0
 TARGET_PG_CONNECTIONS = 20
 TARGET_RSS_BYTES = 1024 * MB

@@ -53,7 +53,7 @@ class RunFilterForm(DateRangeMixin):
     agent = forms.ChoiceField(required=False, choices=[])
     # Repeatable (?label=a=b&label=c): every one must match. The page draws its own input.
     label = forms.CharField(required=False, label="Label")
-    # g-retention: ?pinned=1, the runs kept from retention.
+    # ?pinned=1, the runs kept from retention.
     pinned = forms.BooleanField(required=False, label="Pinned only")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -336,7 +336,7 @@ def parse_json(text: str) -> Any:
         raise forms.ValidationError("Invalid JSON: nested too deeply.", code="json") from None
 
 
-# --- pins (g-retention) --------------------------------------------------------------
+# --- pins --------------------------------------------------------------
 
 
 class PinForm(forms.Form):

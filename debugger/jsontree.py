@@ -94,7 +94,7 @@ class TreeOptions:
     budget: int = 3000
     per_container: int = 100  # a page of a list: the newest 100, links to the rest
     open_depth: int = 2
-    watch: Callable[[Path], str] | None = None  # url of the value's history (f-watch)
+    watch: Callable[[Path], str] | None = None  # url of the value's history
 
 
 class _Renderer:

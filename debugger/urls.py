@@ -47,7 +47,7 @@ urlpatterns = [
     path("diff/", views.diff_any, name="diff"),
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit-csv"),
-    # g-retention
+    # Pins: runs kept from retention.
     path("runs/<uuid:run_id>/pin/", views.pin_run, name="run-pin"),
     path("runs/<uuid:run_id>/unpin/", views.unpin_run, name="run-unpin"),
     # A short run id (not a whole UUID, which the paths above take): redirected to the run.

@@ -692,7 +692,7 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         other = run.parent
     if run.purged_at is not None:
         return purged_run(request, run, None)
-    if other is not None and other.purged_at is not None:  # g-retention
+    if other is not None and other.purged_at is not None:
         context["with_error"] = f"run {other.pk} was purged by retention: no states to compare"
         other = None
     if other is None:
@@ -718,7 +718,7 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     if _fragment(request, "compare-diff"):
         return render(request, "debugger/compare.html#diff", context)
     context["picker"] = compare.picker(run)
-    context.update(_compare_watch(request, other, run))  # f-watch
+    context.update(_compare_watch(request, other, run))
     status = 400 if context.get("watch_error") else 200
     return render(request, "debugger/compare.html", context, status=status)
 
@@ -774,7 +774,7 @@ def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
     return response
 
 
-# --- the fork page's live check of the edited state (c-forkeditor) -------------------------
+# --- the fork page's live check of the edited state -------------------------
 
 
 @role_required
@@ -791,7 +791,7 @@ def fork_check(request: HttpRequest, run_id: Any, number: int, at: str) -> HttpR
     return render(request, "debugger/fork.html#check", context)
 
 
-# --- b-labels: the run list's rows, a run's input ------------------------------------------
+# --- the run list's rows, a run's input ------------------------------------------
 
 
 # The kinds as SQL constants, not parameters: SQLite uses a partial index (event_retries)
@@ -844,7 +844,7 @@ def run_input_json(request: HttpRequest, run_id: Any) -> HttpResponse:
     return response
 
 
-# --- pins and purged runs (g-retention) ---------------------------------------------------
+# --- pins and purged runs ---------------------------------------------------
 
 
 @role_required
@@ -906,7 +906,7 @@ def run_by_short_id(request: HttpRequest, prefix: str, rest: str = "") -> HttpRe
     return redirect(f"{target}?{query}" if query else target)
 
 
-# --- f-watch: the history of one value ----------------------------------------------------
+# --- the history of one value ----------------------------------------------------
 
 WATCH_PER_PAGE = 100
 VALUE_PREVIEW = 2000
@@ -1088,7 +1088,7 @@ def _compare_watch(request: HttpRequest, left: Run, right: Run) -> dict[str, Any
     }
 
 
-# --- h-export: a run's archive ------------------------------------------------------------
+# --- a run's archive ------------------------------------------------------------
 
 
 @role_required

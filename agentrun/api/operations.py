@@ -205,7 +205,7 @@ def summary_json(run: Run) -> dict[str, Any]:
 
 
 def retention_json(run: Run) -> dict[str, Any]:
-    """g-retention: the run's pin and when retention purges it."""
+    """The run's pin and when retention purges it."""
     pin = None
     if run.pinned_at is not None:
         by = run.pinned_by.get_username() if run.pinned_by else None
@@ -639,7 +639,7 @@ def get_in_flight(
     return inflight_json(inflight.snapshot(worker=worker, state=state or "", limit=limit))
 
 
-# --- pins (g-retention) -----------------------------------------------------------------
+# --- pins -----------------------------------------------------------------
 
 
 @api.post(
@@ -847,7 +847,7 @@ def search_steps(
     return {"run_id": run.pk, "steps": sorted(steps), "count": len(steps)}
 
 
-# --- f-watch: the history of one value -------------------------------------------------
+# --- the history of one value -------------------------------------------------
 
 
 @api.get(

@@ -233,7 +233,7 @@ class RunSummary(Response):
         description="The run's labels, by key. A fork has its parent's, and "
         f"`{run_labels.FORKED_FROM}`: the parent's id, its first 8 characters."
     )
-    # g-retention: pins and retention.
+    # Pins and retention.
     pin: Pin | None = Field(description="Set while the run is pinned (kept from retention).")
     purged_at: datetime | None = Field(
         description="When retention purged the run's steps, snapshots and read calls; its "
@@ -244,7 +244,7 @@ class RunSummary(Response):
         "earliest (a pinned fork ancestor or descendant keeps it longer). Null when "
         "it is active, pinned, purged, or retention is off."
     )
-    # h-export: a run imported from an archive.
+    # A run imported from an archive.
     imported_at: datetime | None = Field(
         default=None,
         description="When the run was imported from an archive: it is read-only here.",
@@ -448,7 +448,7 @@ class InFlight(Response):
 FORK_FIELDS = tuple(Fork.model_fields)
 
 
-# --- pins (g-retention) ---------------------------------------------------------------
+# --- pins ---------------------------------------------------------------
 
 #: A reason with something besides blanks (services.BLANK) and no NUL.
 PIN_REASON_PATTERN = r"^[^\u0000]*[^\u0000 \t\n\r\f\v][^\u0000]*$"
@@ -480,7 +480,7 @@ class UnpinRequest(Request):
 # RunSummary names Pin before it is defined (above, to keep this block together).
 for _model in (RunSummary, RunDetail, RunList):
     _model.model_rebuild()
-# --- f-watch: the history of one value --------------------------------------------------
+# --- the history of one value --------------------------------------------------
 
 
 class ValueChangeDecision(Response):

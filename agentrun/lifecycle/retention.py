@@ -89,7 +89,7 @@ def purge_after(run: Run) -> datetime | None:
         or run.pinned_at is not None
         or run.status not in TERMINAL_STATUSES
         or run.finished_at is None
-        or run.imported_at is not None  # h-export: imported on purpose, kept
+        or run.imported_at is not None  # imported on purpose, kept
     ):
         return None
     return run.finished_at + period
@@ -163,7 +163,7 @@ def candidates(cutoff: datetime) -> QuerySet[Run]:
         pinned_at__isnull=True,
         finished_at__lt=cutoff,
         status__in=TERMINAL_STATUSES,
-        imported_at__isnull=True,  # h-export: an imported run was brought in to be kept
+        imported_at__isnull=True,  # an imported run was brought in to be kept
     ).exclude(_compensating())
 
 

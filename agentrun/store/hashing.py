@@ -27,7 +27,7 @@ class Node:
     """
 
     # A long list also keeps `running`, the sha256 state over its digests[:run_n], so an
-    # append hashes only the new items (f-watch: a step's cost must not grow with the run).
+    # append hashes only the new items (a step's cost must not grow with the run).
     # A running hasher is never updated in place: it is copied first, so nodes share it.
     # A list node's items are kids[:n] (and digests[:n]): a copy shares the two buffers
     # (`shared`), an append extends them in place when no other node has extended them

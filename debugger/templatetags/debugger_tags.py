@@ -140,7 +140,7 @@ def escapes(value: Any) -> str:
     return mark_safe(mark_escapes(str(conditional_escape(value))))  # noqa: S308 — escaped above
 
 
-# --- b-labels: label chips and filters, the run's input ------------------------------------
+# --- label chips and filters, the run's input ------------------------------------
 
 
 @register.simple_tag(takes_context=True)

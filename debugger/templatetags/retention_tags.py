@@ -1,4 +1,4 @@
-"""g-retention: the run page's retention block (pin / unpin, when the run is purged)."""
+"""The run page's retention block (pin / unpin, when the run is purged)."""
 
 from __future__ import annotations
 

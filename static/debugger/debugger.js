@@ -211,7 +211,7 @@
   });
 })();
 
-// --- d-compare: a diff's list of groups opens the group it links to (a collapsed <details>).
+// --- a diff's list of groups opens the group it links to (a collapsed <details>).
 (function () {
   "use strict";
   document.addEventListener("click", function (event) {
@@ -222,7 +222,7 @@
   });
 })();
 
-// e-runpage: a long run's strip groups steps into cells (data-lo..data-hi) and its step
+// a long run's strip groups steps into cells (data-lo..data-hi) and its step
 // list holds a window of rows. When the selected step is outside the window (a cell or
 // the keyboard went there), load the window around it; keep the cell that holds it marked.
 (function () {

@@ -1,4 +1,4 @@
-// The fork page's state editor: a tree over the raw JSON textarea (c-forkeditor).
+// The fork page's state editor: a tree over the raw JSON textarea.
 //
 // The textarea stays the form field and the server stays the judge: every tree edit
 // rewrites the textarea's text (pretty JSON, as the server wrote it) and fires its

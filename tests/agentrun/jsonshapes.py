@@ -1,4 +1,4 @@
-"""Deep and unstorable JSON for the tests of the one JSON policy (issue 13, findings 1, 2)."""
+"""Deep and unstorable JSON for the tests of the one JSON policy."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A StateAgent step costs what it changes, not the size of the run's state (f-watch).
+"""A StateAgent step costs what it changes, not the size of the run's state.
 
 The typed state a step's update made is taken over by the next step (no rebuild from the
 dict, no walk over the whole history); validate_state checks only what a step added; a

@@ -1,4 +1,4 @@
-"""Hostile JSON from every side, through a real worker (issue 13, findings 1 and 2).
+"""Hostile JSON from every side, through a real worker.
 
 - What the API accepts, a worker executes: the deepest input allowed runs to the end.
 - A tool's result or a model's reply too deep to keep fails its step once, with a

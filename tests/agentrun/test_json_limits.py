@@ -1,5 +1,5 @@
 """One JSON policy at every entry a person uses: what nests too deep is refused with a
-message naming the limit, and nothing is written (issue 13, finding 1).
+message naming the limit, and nothing is written.
 
 The runs that *are* accepted, up to the limit, are executed by a real worker in
 test_hostile_json_worker.py.

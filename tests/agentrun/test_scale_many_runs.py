@@ -1,4 +1,4 @@
-"""One worker process keeps many LLM-bound runs in flight at once (issue 9).
+"""One worker process keeps many LLM-bound runs in flight at once.
 
 Every step waits ~0.5-1 s on a slow model: one step at a time, 200 runs of three
 steps would take minutes; with the threads pool they overlap, and the fake

@@ -6,7 +6,7 @@ keeps it until the call ends. Tools that query and then wait on something slow
 which renews through the same pool, waits behind them: the leases expire, another
 worker takes the steps over and their tools run again.
 
-Found by the scale tests (issue 9): the watchdog now renews on a connection of its
+Found by the scale tests: the watchdog now renews on a connection of its
 own, outside the pool.
 """
 

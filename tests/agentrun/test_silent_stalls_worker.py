@@ -1,4 +1,4 @@
-"""No silent stalls, through a real worker (issue 13, findings 11 and 12).
+"""No silent stalls, through a real worker.
 
 An agent's bug that leaves a state its own schema refuses fails the step that
 produced it, with the path, on the run (page and API), not only in a worker's log;

@@ -1,5 +1,5 @@
 """Text a tool sent that the database can't hold is shown escaped and marked, so an operator
-sees what was sent (issue 13, finding 2)."""
+sees what was sent."""
 
 from __future__ import annotations
 

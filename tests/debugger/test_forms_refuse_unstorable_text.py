@@ -1,5 +1,5 @@
 """The HTML forms refuse what the database can't store, as the API does: never a 500,
-never a half-done action (issue 13, findings 3 and 5)."""
+never a half-done action."""
 
 import json
 
