@@ -12,7 +12,7 @@ from django.db.models import BinaryField, ExpressionWrapper, F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agentrun import engine, models
+from agentrun import engine
 from agentrun.lifecycle import services
 from agentrun.models import Run, Snapshot, ToolCall
 from agentrun.store import codec, compaction, snapshots, watch

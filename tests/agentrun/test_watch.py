@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from agentrun import models
 from agentrun.builtin.shop import STAGE_STEPS
 from agentrun.lifecycle import services
 from agentrun.models import Run, Snapshot
