@@ -1,0 +1,1 @@
+"""agentrun's management commands, in `commands`: one module a `manage.py` command."""

@@ -1,0 +1,1 @@
+"""Template filters and tags of the dashboard's pages: formatting and rendered fragments."""

@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend with a lender: a step lends its pooled connection between writes."""
