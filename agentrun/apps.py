@@ -19,3 +19,9 @@ class AgentrunConfig(AppConfig):
 
         for module in settings.AGENTRUN_AGENT_MODULES:
             import_module(module)
+
+        # The code version reads the agents' and tools' source now, as this process loaded
+        # it: a module edited on disk later does not change what this process runs.
+        from agentrun.engine import versions
+
+        versions.settle()

@@ -5,11 +5,13 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import (
+    celeryd_after_setup,
     task_postrun,
     task_prerun,
     worker_init,
     worker_process_init,
     worker_ready,
+    worker_shutdown,
 )
 from kombu.transport import TRANSPORT_ALIASES
 
@@ -35,6 +37,43 @@ def _close_old_connections(**_: Any) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+# A worker executes what any worker may (the default queue) and what asks for its own code
+# version (a queue of that version's), and says it is alive with that version, so that a run
+# waiting for a version nobody runs says so (agentrun.engine.versions).
+@celeryd_after_setup.connect
+def _consume_the_queue_of_this_code_version(
+    sender: Any = None, instance: Any = None, **_: Any
+) -> None:
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        django.setup()
+    from agentrun.engine import versions
+
+    version = versions.settle()
+    instance.app.amqp.queues.select_add(versions.queue_for(version))
+
+
+_HEARTBEAT: list[Any] = []
+
+
+@worker_ready.connect
+def _say_this_worker_is_alive(sender: Any = None, **_: Any) -> None:
+    from agentrun.engine.versions import Heartbeat
+
+    name = getattr(sender, "hostname", "") or ""
+    heartbeat = Heartbeat(f"{name}:{os.getpid()}" if name else "")
+    heartbeat.start()
+    _HEARTBEAT.append(heartbeat)
+
+
+@worker_shutdown.connect
+def _say_this_worker_is_gone(**_: Any) -> None:
+    while _HEARTBEAT:
+        _HEARTBEAT.pop().stop()
 
 
 # The LLM client costs ~1.5 s to import and its TLS settings ~20 ms to build: both
@@ -120,8 +159,6 @@ def _start_profiling() -> None:
 
     threading.setprofile(start_here)
     start_here()
-    from celery.signals import worker_shutdown
-
     worker_shutdown.connect(dump, weak=False)
 
 

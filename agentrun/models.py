@@ -119,6 +119,21 @@ class Run(models.Model):
     # reconciled; `imported` says from where (source, exporter, archive digest, lineage).
     imported_at = models.DateTimeField(null=True, blank=True)
     imported = models.JSONField(null=True, blank=True)
+    # Code versions (agentrun.engine.versions): the version of the process that created
+    # the run, the version it asks for (only workers of that version execute it; blank:
+    # any worker), and the version of the worker that claimed its latest step.
+    created_version = models.CharField(max_length=64, blank=True)
+    target_version = models.CharField(max_length=64, blank=True)
+    code_version = models.CharField(max_length=64, blank=True)
+    # A fork made by a replay batch: the batch hears when it ends.
+    batch = models.ForeignKey(
+        "ReplayBatch",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,  # run_batch: the few runs that are in one
+    )
 
     objects = RunQuerySet.as_manager()
 
@@ -145,6 +160,8 @@ class Run(models.Model):
             models.Index(
                 fields=["-created_at"], condition=Q(pinned_at__isnull=False), name="run_pinned"
             ),
+            # A batch's forks (the runs of a replay batch), for its progress.
+            models.Index(fields=["batch"], condition=Q(batch__isnull=False), name="run_batch"),
             # A purge interrupted half-way: the next pass finishes it.
             models.Index(
                 fields=["purged_at"],
@@ -259,8 +276,9 @@ class Step(models.Model):
     crashes = models.IntegerField(default=0)
     # One entry per crash: when, which worker (lease owner), and what is known of it.
     crash_log = models.JSONField(default=list, blank=True)
-    # The lease owner of the current (or last) attempt.
+    # The lease owner of the current (or last) attempt, and the code version it ran.
     worker = models.CharField(max_length=100, blank=True)
+    code_version = models.CharField(max_length=64, blank=True)
     phase_before = models.CharField(max_length=16, blank=True)
     phase_after = models.CharField(max_length=16, blank=True)
     # thought, rationale, calls | final; for LLM agents also the raw request/response.
@@ -444,7 +462,6 @@ class Snapshot(models.Model):
         return step * 2 + (1 if at == "post" else 0)
 
 
-
 class ToolCallStatus(models.TextChoices):
     PLANNED = "planned"
     AWAITING_APPROVAL = "awaiting_approval"
@@ -601,6 +618,106 @@ class Event(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
         raise PermissionError("events are append-only")
+
+
+class Worker(models.Model):
+    """A worker process that is (or was lately) alive, and the code version it runs.
+
+    Each worker keeps its row fresh (agentrun.engine.versions.Heartbeat); a run that asks
+    for a version no live worker runs says so instead of waiting silently."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    version = models.CharField(max_length=64)
+    started_at = models.DateTimeField(default=timezone.now)
+    seen_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.version})"
+
+
+class BatchStatus(models.TextChoices):
+    RUNNING = "running"  # forks are being made and run
+    DONE = "done"  # every run was forked (or skipped) and every fork ended
+    CANCELLED = "cancelled"  # no new forks; those made run to their end
+
+
+class ReplayBatch(models.Model):
+    """Runs hit by one incident, replayed together: each forked from its own fork point.
+
+    `selection` is the run list's filter that chose them, `start_from` where each is
+    forked ("before-failure", "start", {"tool": T} or {"step": N}); its items are fixed
+    when it is made, its forks made as room frees up (at most `max_in_flight` at once).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200)
+    reason = models.TextField(blank=True)
+    selection = models.JSONField(default=dict)
+    start_from = models.JSONField(default=str)
+    mode = models.CharField(max_length=16, choices=ReplayMode.choices)
+    version = models.CharField(max_length=64, blank=True)
+    max_in_flight = models.IntegerField()
+    status = models.CharField(
+        max_length=16, choices=BatchStatus.choices, default=BatchStatus.RUNNING
+    )
+    promoted_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="promotions"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"batch {self.name} ({self.id})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == BatchStatus.RUNNING
+
+
+class ItemStatus(models.TextChoices):
+    PENDING = "pending"  # its fork is not made yet
+    FORKED = "forked"
+    SKIPPED = "skipped"  # no fork point in this run, or the fork was refused: see skip_reason
+
+
+class Verdict(models.TextChoices):
+    FIXED = "fixed"  # the parent failed, the fork succeeded
+    STILL_FAILING = "still_failing"  # both failed with the same error
+    FAILING_DIFFERENTLY = "failing_differently"  # the fork failed, not as the parent did
+    CHANGED_SIDE_EFFECTS = "changed_side_effects"  # same outcome, other writes
+    UNCHANGED = "unchanged"  # same outcome, same writes
+
+
+class BatchItem(models.Model):
+    """One run of a batch: where it is forked from, its fork, and the fork's verdict."""
+
+    batch = models.ForeignKey(ReplayBatch, on_delete=models.CASCADE, related_name="items")
+    position = models.IntegerField()
+    parent = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="+")
+    step = models.IntegerField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=ItemStatus.choices, default=ItemStatus.PENDING)
+    skip_reason = models.TextField(blank=True)
+    fork = models.OneToOneField(
+        Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="batch_item"
+    )
+    verdict = models.CharField(max_length=24, choices=Verdict.choices, blank=True)
+
+    class Meta:
+        ordering = ["batch", "position"]
+        constraints = [
+            # A run is in a batch once; also the way from a batch to its items, in order.
+            models.UniqueConstraint(fields=["batch", "position"], name="batchitem_position"),
+            models.UniqueConstraint(fields=["batch", "parent"], name="batchitem_parent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"item {self.position} of {self.batch_id}"
 
 
 class ApiToken(models.Model):

@@ -256,6 +256,18 @@ CELERY_BEAT_SCHEDULE["purge"] = {"task": "agentrun.purge", "schedule": AGENTRUN_
 AGENTRUN_LEASE_SECONDS = env_float("AGENTRUN_LEASE_SECONDS", 60.0)
 # Modules that define your agents and tools (imported at start-up), comma-separated.
 AGENTRUN_AGENT_MODULES = [m.strip() for m in env("AGENTRUN_AGENT_MODULES").split(",") if m.strip()]
+
+# The code version this process runs (a release tag, a commit); unset: the deployment's
+# commit and a hash of the registered agents' and tools' source (agentrun.engine.versions).
+# Every step records the version of the worker that executed it; a fork onto a version is
+# executed only by workers of that version.
+AGENTRUN_CODE_VERSION = env("AGENTRUN_CODE_VERSION")
+# A worker process says it is alive this often (seconds); after three silent beats it no
+# longer counts as one that can execute a run asking for its version.
+AGENTRUN_WORKER_HEARTBEAT_SECONDS = env_float("AGENTRUN_WORKER_HEARTBEAT_SECONDS", 5.0)
+# A replay batch's forks in flight at once, unless the batch says otherwise: the rest wait
+# their turn, so a batch never takes every worker thread from the other runs.
+AGENTRUN_BATCH_MAX_IN_FLIGHT = env_int("AGENTRUN_BATCH_MAX_IN_FLIGHT", 100)
 # Scripted "fault" points kill the worker on purpose: for demos and tests only.
 AGENTRUN_FAULTS = env_bool("AGENTRUN_FAULTS", EMBEDDED)
 AGENTRUN_MAX_INPUT_BYTES = env_int("AGENTRUN_MAX_INPUT_BYTES", 1024 * 1024)

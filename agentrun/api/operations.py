@@ -460,7 +460,12 @@ def get_snapshot(
         snap = snapshots.get(run.pk, step, at)
     except Snapshot.DoesNotExist:
         raise ApiError(404, f"run {run.pk} has no {at} snapshot of step {step}") from None
-    return {"step": snap.step, "at": snap.at, "hash": snap.hash, "state": snapshots.load_state(snap)}
+    return {
+        "step": snap.step,
+        "at": snap.at,
+        "hash": snap.hash,
+        "state": snapshots.load_state(snap),
+    }
 
 
 ACTION_ERRORS = _errors(400, 401, 403, 404, 409, 413)

@@ -14,6 +14,7 @@ from django.utils import timezone
 from agentrun.agents import Agent, InvalidInput, get_agent
 from agentrun.engine.cache import cache_get, cache_put
 from agentrun.engine.context import Claimed
+from agentrun.engine.versions import code_version
 from agentrun.models import (
     Run,
     Snapshot,
@@ -79,13 +80,17 @@ _DUE = (
     " AND (wake_at IS NULL OR wake_at <= %s)"
     # An imported run (agentrun.lifecycle.archive) is read-only: no worker ever claims it.
     " AND imported_at IS NULL"
+    # A run that asks for a code version is claimed by a worker of that version only.
+    " AND (target_version = '' OR target_version = %s)"
 )
 
 
 def _claim_set(run_id: str, number: int, owner: str, now: Any) -> tuple[str, list[Any]]:
     """The claim as `UPDATE run SET ... WHERE <due>` and its parameters."""
+    version = code_version()
     params = [
         owner,
+        version,
         rawsql.prep(
             Run, "lease_expires_at", now + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS)
         ),
@@ -95,6 +100,7 @@ def _claim_set(run_id: str, number: int, owner: str, now: Any) -> tuple[str, lis
         number,
         rawsql.prep(Run, "lease_expires_at", now),
         rawsql.prep(Run, "wake_at", now),
+        version,
     ]
     return _claim_sql(), params
 
@@ -103,7 +109,8 @@ def _claim_set(run_id: str, number: int, owner: str, now: Any) -> tuple[str, lis
 def _claim_sql() -> str:
     return (
         f"UPDATE {rawsql.table(Run)} SET status = 'running', wait_reason = '', wake_at = NULL,"
-        " lease_owner = %s, lease_expires_at = %s, started_at = COALESCE(started_at, %s),"
+        " lease_owner = %s, code_version = %s, lease_expires_at = %s,"
+        " started_at = COALESCE(started_at, %s),"
         f" updated_at = %s WHERE id = %s AND {_DUE}"
     )
 
@@ -146,8 +153,10 @@ def _claim_pg_sql() -> tuple[str, tuple[str, ...]]:
     statement = (
         f"WITH {rawsql.ASYNC_COMMIT}, r AS ({_claim_sql()} RETURNING {rawsql.select_list(Run)}), "
         f"s AS (INSERT INTO {step_t} (run_id, number, status, attempts, crashes, crash_log,"
-        " worker, phase_before, phase_after, decision_count, tokens_in, tokens_out, started_at)"
-        " SELECT r.id, %s::integer, 'running', 1, 0, '[]'::jsonb, r.lease_owner, COALESCE((SELECT"
+        " worker, code_version, phase_before, phase_after, decision_count, tokens_in,"
+        " tokens_out, started_at)"
+        " SELECT r.id, %s::integer, 'running', 1, 0, '[]'::jsonb, r.lease_owner,"
+        " r.code_version, COALESCE((SELECT"
         f" phase FROM {snap_t} WHERE run_id = r.id AND seq <= %s::integer ORDER BY seq DESC"
         " LIMIT 1), ''), '', 0, 0, 0, %s::timestamptz FROM r"
         f" ON CONFLICT (run_id, number) DO UPDATE SET {_RECLAIM_PG}"
@@ -220,6 +229,7 @@ def _claim_pg(
 # outcome (every way an attempt ends sets another status): it crashed, and counts.
 _RECLAIM_PG = (
     "attempts = agentrun_step.attempts + 1, status = 'running', worker = EXCLUDED.worker,"
+    " code_version = EXCLUDED.code_version,"
     " crashes = agentrun_step.crashes + (agentrun_step.status = 'running')::integer,"
     " crash_log = CASE WHEN agentrun_step.status = 'running' THEN agentrun_step.crash_log"
     " || jsonb_build_array(jsonb_build_object('worker', agentrun_step.worker, 'error',"
@@ -228,10 +238,10 @@ _RECLAIM_PG = (
 
 _STEP_UPSERT = """
 INSERT INTO agentrun_step (run_id, number, status, attempts, crashes, crash_log, worker,
-    phase_before, phase_after, decision_count, tokens_in, tokens_out, started_at)
-VALUES (%s, %s, 'running', 1, 0, '[]', %s, %s, '', 0, 0, 0, %s)
+    code_version, phase_before, phase_after, decision_count, tokens_in, tokens_out, started_at)
+VALUES (%s, %s, 'running', 1, 0, '[]', %s, %s, %s, '', 0, 0, 0, %s)
 ON CONFLICT (run_id, number) DO UPDATE SET attempts = agentrun_step.attempts + 1,
-    status = 'running', worker = excluded.worker,
+    status = 'running', worker = excluded.worker, code_version = excluded.code_version,
     crashes = agentrun_step.crashes + (agentrun_step.status = 'running'),
     crash_log = CASE WHEN agentrun_step.status = 'running' THEN json_insert(
         agentrun_step.crash_log, '$[#]', json_object('worker', agentrun_step.worker,
@@ -243,7 +253,7 @@ RETURNING *
 def _upsert_step(run: Run, number: int, phase_before: str, now: Any) -> Step:
     """Create the step, or count one more attempt at it: one statement."""
     run_id = run.pk.hex if connection.vendor == "sqlite" else run.pk
-    params = [run_id, number, run.lease_owner, phase_before, now, LOST]
+    params = [run_id, number, run.lease_owner, run.code_version, phase_before, now, LOST]
     return list(Step.objects.raw(_STEP_UPSERT, params))[0]
 
 

@@ -216,6 +216,8 @@ def _write_post(
                 "number": number + 1,
                 "status": StepStatus.RUNNING,
                 "attempts": 1,
+                "worker": ctx.owner,
+                "code_version": ctx.run.code_version,
                 "phase_before": snap.phase,
                 "started_at": now,
             },
@@ -242,7 +244,7 @@ def _write_post(
         mark_saved(next_pre, ids[-1])
         ctx.next = _chained(ctx, next_step, next_pre, post_state, node, run_changes)
     elif not terminal:
-        enqueue(ctx.run.pk, number + 1)
+        enqueue(ctx.run.pk, number + 1, version=ctx.run.target_version)
     else:  # a long run ended: its calls' text indexed, its deltas regrouped
         steps = number + 1 - ctx.run.first_step
         if 0 < settings.AGENTRUN_SEARCH_INDEX_STEPS <= steps:

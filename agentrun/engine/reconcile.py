@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agentrun.engine import compensate_run, enqueue
+from agentrun.engine.versions import versions_alive
 from agentrun.models import Run, RunStatus, ToolCall, ToolCallStatus, WaitReason
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,17 @@ def reconcile_once(grace_seconds: float | None = None) -> dict[str, int]:
         unleased | expired
     )
     due = local.filter(status=RunStatus.WAITING, wait_reason=WaitReason.BACKOFF, wake_at__lte=now)
+    # A run that asks for a code version no live worker runs waits for one (the run page
+    # and the Now page say so): its wake-up would only pile up in that version's queue.
+    alive = versions_alive()
     enqueued = 0
-    for run_id, next_step in list(stalled.values_list("id", "next_step")) + list(
-        due.values_list("id", "next_step")
+    rows = ("id", "next_step", "target_version")
+    for run_id, next_step, version in list(stalled.values_list(*rows)) + list(
+        due.values_list(*rows)
     ):
-        enqueue(run_id, next_step)
+        if version and version not in alive:
+            continue
+        enqueue(run_id, next_step, version=version)
         enqueued += 1
     compensated = 0
     to_undo = (

@@ -62,7 +62,7 @@ def back_off(
             payload={**payload, "backoff_s": seconds, "error": message},
         )
         # A hint only: the wake-up time is in the database and the reconciler honours it.
-        enqueue(ctx.run.pk, ctx.step.number, countdown=seconds)
+        enqueue(ctx.run.pk, ctx.step.number, countdown=seconds, version=ctx.run.target_version)
     return Outcome("backoff", str(ctx.run.pk), ctx.step.number, message)
 
 
@@ -143,7 +143,7 @@ def _record_crash(ctx: Claimed, crashes: int, entry: dict[str, Any], delay: floa
                 "retry_in_s": delay,
             },
         )
-        enqueue(ctx.run.pk, ctx.step.number, countdown=delay)
+        enqueue(ctx.run.pk, ctx.step.number, countdown=delay, version=ctx.run.target_version)
 
 
 def park_crashed(ctx: Claimed) -> Outcome:

@@ -17,14 +17,22 @@ from django.db import transaction
 log = logging.getLogger(__name__)
 
 
-def enqueue(run_id: Any, step: int, countdown: float | None = None) -> None:
-    """Wake a worker for (run, step) once the current transaction commits."""
+#: Workers of a code version consume this queue besides the default one.
+VERSION_QUEUE_PREFIX = "agentrun.version."
+
+
+def enqueue(run_id: Any, step: int, countdown: float | None = None, version: str = "") -> None:
+    """Wake a worker for (run, step) once the current transaction commits: any worker, or
+    one of `version` when the run asks for a code version."""
     if not settings.AGENTRUN_ENQUEUE:
         return
+    options: dict[str, Any] = {"countdown": countdown}
+    if version:
+        options["queue"] = VERSION_QUEUE_PREFIX + version
 
     def send() -> None:
         try:
-            current_app.send_task("agentrun.execute_step", (str(run_id), step), countdown=countdown)
+            current_app.send_task("agentrun.execute_step", (str(run_id), step), **options)
         except Exception:  # the reconciler will find the run
             log.exception("could not enqueue step %s of %s", step, run_id)
 

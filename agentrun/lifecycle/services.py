@@ -17,6 +17,7 @@ from agentrun import engine
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.audit.events import record_event
 from agentrun.engine import compensate_run, enqueue
+from agentrun.engine.versions import InvalidVersion, check_version, code_version
 from agentrun.lifecycle import labels as run_labels
 from agentrun.models import (
     ACTIVE_STATUSES,
@@ -75,6 +76,7 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = No
         run = Run.objects.create(
             agent=agent.name,
             agent_version=agent.version,
+            created_version=code_version(),
             input=stored,
             created_by=user,
         )
@@ -82,7 +84,7 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = No
         snap, node = snapshots.build(run.pk, run.next_step, "pre", state, None, None)
         snap.save()
         record_event("run_created", run=run, user=user, payload={"agent": agent.name})
-        enqueue(run.pk, run.next_step)
+        enqueue(run.pk, run.next_step, version=run.target_version)
     engine.remember_state(run.pk, snap, state, node)
     return run
 
@@ -137,7 +139,7 @@ def retry_crashed_step(run: Run, *, user: Any, reason: str = "") -> Run:
         # Not "running": the next claim is an attempt, not a crash noticed.
         run.steps.filter(number=run.next_step).update(crashes=0, status=StepStatus.WAITING)
         record_event("step_retried", run=run, step=run.next_step, user=user, reason=reason)
-        enqueue(run.pk, run.next_step)
+        enqueue(run.pk, run.next_step, version=run.target_version)
     return run
 
 
@@ -214,7 +216,7 @@ def decide_approval(
                 "resolution": record.get("resolution"),
             },
         )
-        enqueue(run.pk, run.next_step)
+        enqueue(run.pk, run.next_step, version=run.target_version)
     run.refresh_from_db()
     return run
 
@@ -281,13 +283,16 @@ def fork_run(
     user: Any = None,
     confirm_live: bool = False,
     labels: Any = None,
+    version: Any = "",
+    batch: Any = None,
 ) -> Run:
     """Start a new run from the (step, at) snapshot of `run`, optionally with an edited state.
 
     The fork links to its parent and source snapshot, numbers its steps on from
     the fork point, and never changes the parent. Raises ForkError (nothing
     stored) on a bad request. The fork has its parent's labels, `labels` (checked
-    like a new run's) and forked-from=<the parent's short id>.
+    like a new run's) and forked-from=<the parent's short id>. With a `version`, only
+    workers of that code version execute it.
     """
     from agentrun.models import Snapshot
     from agentrun.store import delta, snapshots
@@ -302,6 +307,13 @@ def fork_run(
         raise ForkError(f"mode must be one of {', '.join(FORK_MODES)}", "mode")
     if not isinstance(reason, str):
         raise ForkError("reason must be a string", "reason")
+    if version:
+        try:
+            check_version(version)
+        except InvalidVersion as exc:
+            raise ForkError(str(exc), "version") from None
+    elif version is None or not isinstance(version, str):
+        raise ForkError("version must be a string", "version")
     if run.purged_at is not None:
         raise ForkError(_purged(run))
     try:
@@ -346,6 +358,9 @@ def fork_run(
             forked_from=source,
             mode=mode,
             created_by=user,
+            created_version=code_version(),
+            target_version=version,
+            batch=batch,
             first_step=first,
             next_step=first,
             phase=str(phase or ""),
@@ -368,9 +383,11 @@ def fork_run(
                 "source_hash": source.hash,
                 "edited": state is not None,
                 "edits": edits,
+                **({"version": version} if version else {}),
+                **({"batch": str(batch.pk)} if batch is not None else {}),
             },
         )
-        enqueue(fork.pk, first)
+        enqueue(fork.pk, first, version=fork.target_version)
     # An in-process executor (and a worker sharing this process) starts warm.
     engine.remember_state(fork.pk, snap, new_state, node)
     return fork

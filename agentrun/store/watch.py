@@ -72,6 +72,7 @@ COUNTED = 200
 #: Forks of forks followed into their parents at most (a fork's read crosses at most 16).
 MAX_HOPS = 32
 
+
 @dataclass(frozen=True)
 class _Front:
     """The first list on a watched path that goes on to its item `index` (≥ 0), only keys
@@ -910,7 +911,6 @@ class _Working:
         try:
             return _patch(state, ops, len(self.path), self.front if self.partial else None)
         except _Reload:
-
             self.scan.read += 1
             self.partial = False
             return _own_spine(snapshots.load(run_id, step, at), self.path)
