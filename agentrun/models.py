@@ -692,6 +692,7 @@ class Verdict(models.TextChoices):
     FAILING_DIFFERENTLY = "failing_differently"  # the fork failed, not as the parent did
     CHANGED_SIDE_EFFECTS = "changed_side_effects"  # same outcome, other writes
     UNCHANGED = "unchanged"  # same outcome, same writes
+    CANCELLED = "cancelled"  # the fork was cancelled before it ended
 
 
 class BatchItem(models.Model):

@@ -268,6 +268,8 @@ AGENTRUN_WORKER_HEARTBEAT_SECONDS = env_float("AGENTRUN_WORKER_HEARTBEAT_SECONDS
 # A replay batch's forks in flight at once, unless the batch says otherwise: the rest wait
 # their turn, so a batch never takes every worker thread from the other runs.
 AGENTRUN_BATCH_MAX_IN_FLIGHT = env_int("AGENTRUN_BATCH_MAX_IN_FLIGHT", 100)
+# The most runs one replay batch takes (a filter that selects more is refused: narrow it).
+AGENTRUN_BATCH_MAX_RUNS = env_int("AGENTRUN_BATCH_MAX_RUNS", 10_000)
 # Scripted "fault" points kill the worker on purpose: for demos and tests only.
 AGENTRUN_FAULTS = env_bool("AGENTRUN_FAULTS", EMBEDDED)
 AGENTRUN_MAX_INPUT_BYTES = env_int("AGENTRUN_MAX_INPUT_BYTES", 1024 * 1024)

@@ -5,6 +5,7 @@ from django.conf import settings
 
 from agentrun import engine
 from agentrun.engine import reconcile
+from agentrun.lifecycle import batches
 
 
 @shared_task(name="agentrun.execute_step")
@@ -14,7 +15,14 @@ def execute_step_task(run_id: str, step: int) -> str:
 
 @shared_task(name="agentrun.reconcile")
 def reconcile_task() -> dict:
-    return reconcile.reconcile_once()
+    done = reconcile.reconcile_once()
+    done["batches"] = batches.advance_all()  # a lost message delays a batch one pass
+    return done
+
+
+@shared_task(name="agentrun.batch_advance")
+def batch_advance_task(batch_id: str) -> dict:
+    return batches.advance(batch_id)
 
 
 @shared_task(name="agentrun.purge")

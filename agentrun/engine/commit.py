@@ -22,7 +22,7 @@ from agentrun.engine.context import (
     release_connection,
 )
 from agentrun.engine.lease import lease_expiry, run_update
-from agentrun.infra.queue import enqueue
+from agentrun.infra.queue import ask, enqueue
 from agentrun.models import (
     Event,
     Run,
@@ -246,6 +246,8 @@ def _write_post(
     elif not terminal:
         enqueue(ctx.run.pk, number + 1, version=ctx.run.target_version)
     else:  # a long run ended: its calls' text indexed, its deltas regrouped
+        if ctx.run.batch_id is not None:  # a replay batch's fork: the batch goes on
+            ask("agentrun.batch_advance", ctx.run.batch_id, "the batch's next forks")
         steps = number + 1 - ctx.run.first_step
         if 0 < settings.AGENTRUN_SEARCH_INDEX_STEPS <= steps:
             callsearch.send(ctx.run.pk)

@@ -18,6 +18,7 @@ from agentrun.agents import InvalidInput, get_agent
 from agentrun.audit.events import record_event
 from agentrun.engine import compensate_run, enqueue
 from agentrun.engine.versions import InvalidVersion, check_version, code_version
+from agentrun.infra.queue import ask
 from agentrun.lifecycle import labels as run_labels
 from agentrun.models import (
     ACTIVE_STATUSES,
@@ -117,6 +118,8 @@ def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
         record_event("run_cancelled", run=run, user=user, reason=reason)
     run.refresh_from_db()
     compensate_run(run)
+    if run.batch_id is not None:  # a replay batch's fork: the batch goes on
+        ask("agentrun.batch_advance", run.batch_id, "the batch's next forks")
     if callsearch.indexable(run):
         callsearch.send(run.pk)  # a long run ended: its calls' text, indexed
     if compaction.compactable(run):
