@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tempfile
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from django.conf import settings
@@ -29,13 +29,15 @@ from pydantic import StringConstraints
 from agentrun.agents import InvalidInput
 from agentrun.api import schemas as s
 from agentrun.api.base import Api, ApiError
-from agentrun.engine import inflight
-from agentrun.lifecycle import archive, retention, services
+from agentrun.engine import inflight, versions
+from agentrun.lifecycle import archive, batches, retention, selection, services
 from agentrun.lifecycle import labels as run_labels
 from agentrun.models import (
     ApiToken,
+    BatchItem,
     LedgerEntry,
     LedgerInvocation,
+    ReplayBatch,
     Run,
     Snapshot,
     Step,
@@ -201,7 +203,20 @@ def summary_json(run: Run) -> dict[str, Any]:
         "labels": run_labels.of(run),
         **retention_json(run),
         "imported_at": run.imported_at,
+        "created_version": run.created_version,
+        "target_version": run.target_version,
+        "code_version": run.code_version,
+        "waiting_for_version": waiting_for_version(run),
+        "batch_id": str(run.batch_id) if run.batch_id else None,
     }
+
+
+def waiting_for_version(run: Run) -> bool:
+    return (
+        bool(run.target_version)
+        and run.is_active
+        and (run.target_version not in versions.versions_alive())
+    )
 
 
 def retention_json(run: Run) -> dict[str, Any]:
@@ -243,6 +258,8 @@ def _step(step: Step) -> dict[str, Any]:
         "duration_ms": step.duration_ms,
         "started_at": step.started_at,
         "finished_at": step.finished_at,
+        "worker": step.worker,
+        "code_version": step.code_version,
         "tool_calls": [_tool_call(tc) for tc in step.tool_calls.all()],
     }
 
@@ -383,18 +400,61 @@ def list_runs(
     pinned: Annotated[
         bool | None, Query(description="true: only pinned runs; false: only unpinned ones.")
     ] = None,
+    q: Annotated[
+        str,
+        Query(
+            max_length=selection.TEXT_MAX_LENGTH,
+            pattern=TEXT_PATTERN,
+            description="A run id or its start, or text in the input or a label.",
+        ),
+    ] = "",
+    error: Annotated[
+        str,
+        Query(
+            max_length=selection.TEXT_MAX_LENGTH,
+            pattern=TEXT_PATTERN,
+            description="Text in the run's error.",
+        ),
+    ] = "",
+    version: Annotated[
+        s.Version | None,
+        Query(description="Only runs whose latest step ran on this code version."),
+    ] = None,
+    tool_failed: Annotated[
+        str,
+        Query(
+            max_length=100,
+            pattern=TEXT_PATTERN,
+            description="Only runs where a call to this tool failed.",
+        ),
+    ] = "",
+    since: Annotated[
+        datetime | None,
+        Query(description="Created at or after this date and time (or a date: its start)."),
+    ] = None,
+    until: Annotated[
+        datetime | None,
+        Query(description="Created before this date and time (or a date: its end)."),
+    ] = None,
 ) -> dict[str, Any]:
-    qs = Run.objects.all()
-    if pinned is not None:
-        qs = qs.filter(pinned_at__isnull=not pinned)
-    if status:
-        qs = qs.filter(status=status)
-    if agent:
-        qs = qs.filter(agent=agent)
+    given = {
+        "status": status,
+        "agent": agent,
+        "label": label,
+        "pinned": pinned,
+        "q": q,
+        "error": error,
+        "version": version,
+        "tool_failed": tool_failed,
+        # As given: a date alone means the whole day (selection).
+        "since": request.GET.get("since") if since else None,
+        "until": request.GET.get("until") if until else None,
+    }
     try:
-        qs = run_labels.filter_runs(qs, label)
-    except run_labels.InvalidLabels as exc:
-        raise ApiError(400, str(exc), field="label") from None
+        chosen = selection.parse({k: v for k, v in given.items() if v not in (None, "", [])})
+    except selection.SelectionError as exc:
+        raise ApiError(400, str(exc), field=exc.field) from None
+    qs = chosen.apply(Run.objects.all())
     page = (
         qs.select_related("created_by", "forked_from", "pinned_by")
         .prefetch_related("labels")
@@ -549,6 +609,7 @@ def fork_run(
             user=request.user,
             confirm_live=body.confirm_live,
             labels=body.labels,
+            version=body.version,
         )
     except services.ForkError as exc:
         if exc.field != "confirm_live":
@@ -913,3 +974,191 @@ def get_history(
         "changes": [watch.change_json(c, details) for c in page],
         "snapshots_read": found.snapshots_read,
     }
+
+
+# --- replay batches (agentrun.lifecycle.batches) ----------------------------------------------
+
+BatchId = Annotated[uuid.UUID, Path(description="A replay batch's id.")]
+BATCH_RUNS_DEFAULT = 100
+
+
+def _get_batch(batch_id: uuid.UUID | str) -> ReplayBatch:
+    batch = ReplayBatch.objects.select_related("created_by").filter(pk=batch_id).first()
+    if batch is None:
+        raise ApiError(404, f"no batch {batch_id}")
+    return batch
+
+
+def _preview_json(plan: batches.Plan) -> dict[str, Any]:
+    return {
+        "count": plan.count,
+        "skipped": plan.skipped,
+        "mode": plan.mode,
+        "version": plan.version,
+        "from": plan.start.as_json(),
+        "side_effects": plan.side_effects,
+        "runs": [
+            {"parent": str(i.run.pk), "step": i.step, "skip_reason": i.skip_reason}
+            for i in plan.items[:1000]
+        ],
+    }
+
+
+def batch_json(batch: ReplayBatch, offset: int = 0, limit: int | None = 0) -> dict[str, Any]:
+    items = BatchItem.objects.filter(batch=batch).order_by("position")
+    total = items.count()
+    page = []
+    if limit:
+        for item in items.select_related("fork")[offset : offset + limit]:
+            page.append(
+                {
+                    "position": item.position,
+                    "parent": str(item.parent_id),
+                    "step": item.step,
+                    "status": item.status,
+                    "skip_reason": item.skip_reason,
+                    "fork": str(item.fork_id) if item.fork_id else None,
+                    "fork_status": item.fork.status if item.fork else "",
+                    "verdict": item.verdict,
+                }
+            )
+    following = offset + len(page)
+    counts = batches.counts(batch)
+    return {
+        "id": str(batch.pk),
+        "name": batch.name,
+        "reason": batch.reason,
+        "status": batch.status,
+        "mode": batch.mode,
+        "version": batch.version,
+        "from": batch.start_from,
+        "filter": batch.selection,
+        "max_in_flight": batch.max_in_flight,
+        "count": total - counts["runs"]["skipped"],
+        "created_by": batch.created_by.get_username() if batch.created_by else None,
+        "created_at": batch.created_at,
+        "finished_at": batch.finished_at,
+        "promoted_from": str(batch.promoted_from_id) if batch.promoted_from_id else None,
+        "counts": counts,
+        "runs": page,
+        "runs_total": total,
+        "runs_offset": offset,
+        "runs_next_offset": following if limit and following < total else None,
+    }
+
+
+def _batch_error(exc: batches.BatchError) -> ApiError:
+    return ApiError(400, str(exc), field=exc.field)
+
+
+@api.post(
+    "/batches",
+    response={201: s.Batch, 200: s.BatchPreview, **_errors(400, 401, 403)},
+    summary="Replay the runs a filter selects, each from its own fork point (operators); "
+    "dry_run: the preview",
+    by_alias=True,
+)
+def create_batch(
+    request: HttpRequest, body: s.CreateBatch, response: HttpResponse
+) -> Status[dict[str, Any]]:
+    try:
+        if body.dry_run:
+            plan = batches.plan(body.filter, body.start_from, body.mode, body.version)
+            return Status(200, _preview_json(plan))
+        batch = batches.create(
+            body.filter,
+            body.start_from,
+            mode=body.mode,
+            version=body.version,
+            name=body.name,
+            reason=body.reason,
+            max_in_flight=body.max_in_flight,
+            user=request.user,
+            confirm_live=body.confirm_live,
+        )
+    except batches.BatchError as exc:
+        raise _batch_error(exc) from None
+    response["Location"] = f"/api/batches/{batch.pk}"
+    return Status(201, batch_json(batch, 0, BATCH_RUNS_DEFAULT))
+
+
+@api.get(
+    "/batches",
+    response={200: s.BatchList, **_errors(400, 401, 403)},
+    summary="Replay batches, newest first",
+    by_alias=True,
+)
+def list_batches(
+    request: HttpRequest,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Page size.")] = DEFAULT_LIMIT,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Batches to skip.")] = 0,
+) -> dict[str, Any]:
+    qs = ReplayBatch.objects.select_related("created_by").order_by("-created_at", "-id")
+    return {
+        "items": [batch_json(b) for b in qs[offset : offset + limit]],
+        "count": qs.count(),
+    }
+
+
+@api.get(
+    "/batches/{batch_id}",
+    response={200: s.Batch, **_errors(400, 401, 403, 404)},
+    summary="A replay batch: its progress, its counts by state and by verdict, a page of its "
+    "runs (each with its fork and verdict)",
+    by_alias=True,
+)
+def get_batch(
+    request: HttpRequest,
+    batch_id: BatchId,
+    runs_offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Runs to skip.")] = 0,
+    runs_limit: Annotated[
+        int, Query(ge=1, le=MAX_LIMIT, description="Runs in this page.")
+    ] = BATCH_RUNS_DEFAULT,
+) -> dict[str, Any]:
+    return batch_json(_get_batch(batch_id), runs_offset, runs_limit)
+
+
+@api.post(
+    "/batches/{batch_id}/cancel",
+    response={200: s.Batch, **_errors(400, 401, 403, 404, 409)},
+    summary="Stop making forks; those made run to their end (operators)",
+    by_alias=True,
+)
+def cancel_batch(
+    request: HttpRequest, batch_id: BatchId, body: s.Reason = NO_REASON
+) -> dict[str, Any]:
+    batch = _get_batch(batch_id)
+    try:
+        batch = batches.cancel(batch, user=request.user, reason=body.reason)
+    except batches.BatchError as exc:
+        raise ApiError(409 if not exc.field else 400, str(exc), field=exc.field) from None
+    return batch_json(batch, 0, BATCH_RUNS_DEFAULT)
+
+
+@api.post(
+    "/batches/{batch_id}/promote",
+    response={201: s.Batch, 200: s.BatchPreview, **_errors(400, 401, 403, 404, 409)},
+    summary="Replay live, as a new batch, the runs whose fork succeeded (operators); "
+    "dry_run: the preview",
+    by_alias=True,
+)
+def promote_batch(
+    request: HttpRequest, batch_id: BatchId, body: s.PromoteBatch, response: HttpResponse
+) -> Status[dict[str, Any]]:
+    batch = _get_batch(batch_id)
+    try:
+        if body.dry_run:
+            return Status(200, _preview_json(batches.promotion_plan(batch, version=body.version)))
+        live = batches.promote(
+            batch,
+            user=request.user,
+            name=body.name,
+            reason=body.reason,
+            version=body.version,
+            max_in_flight=body.max_in_flight,
+            confirm_live=body.confirm_live,
+        )
+    except batches.BatchError as exc:
+        raise ApiError(409 if not exc.field else 400, str(exc), field=exc.field) from None
+    response["Location"] = f"/api/batches/{live.pk}"
+    return Status(201, batch_json(live, 0, BATCH_RUNS_DEFAULT))

@@ -16,6 +16,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 from agentrun.engine import inflight
+from agentrun.engine.versions import VERSION_MAX_LENGTH, VERSION_PATTERN
 from agentrun.lifecycle import labels as run_labels
 from agentrun.lifecycle.services import FORK_MODES, PIN_REASON_MAX
 from agentrun.models import (
@@ -52,6 +53,10 @@ STORABLE_JSON = (
 #: Text the database can store (agentrun.security.storable checks every request before this does).
 Text = Annotated[str, StringConstraints(pattern=TEXT_PATTERN)]
 At = Literal["pre", "post"]
+#: A code version (a release tag, a commit): what agentrun.engine.versions accepts.
+Version = Annotated[
+    str, StringConstraints(pattern=VERSION_PATTERN, min_length=1, max_length=VERSION_MAX_LENGTH)
+]
 RunStatusName = one_of(RunStatus.values)
 InFlightState = one_of(inflight.BY_KEY)
 ToolKind = Literal["read", "write", "hybrid"]
@@ -179,6 +184,11 @@ class Fork(Request):
         f"rules as a new run's); it also gets `{run_labels.FORKED_FROM}`: the parent's short id.",
         json_schema_extra=LABELS_SCHEMA,
     )
+    version: Version | None = Field(
+        None,
+        description="The code version to run the fork on: only workers of that version "
+        "(AGENTRUN_CODE_VERSION) execute it. Null: any worker.",
+    )
 
 
 # --- responses -------------------------------------------------------------------------
@@ -249,6 +259,24 @@ class RunSummary(Response):
         default=None,
         description="When the run was imported from an archive: it is read-only here.",
     )
+    # Code versions.
+    created_version: str = Field(
+        default="", description="The code version of the process that created the run."
+    )
+    target_version: str = Field(
+        default="",
+        description="The code version the run asks for: only workers of it execute the run "
+        "(empty: any worker).",
+    )
+    code_version: str = Field(
+        default="", description="The code version of the worker that executed its latest step."
+    )
+    waiting_for_version: bool = Field(
+        default=False,
+        description="The run is active and asks for a code version no live worker runs: it "
+        "waits until one starts.",
+    )
+    batch_id: UUID | None = Field(default=None, description="The replay batch that made it.")
 
 
 class ToolCall(Response):
@@ -282,6 +310,8 @@ class Step(Response):
     duration_ms: float | None
     started_at: datetime
     finished_at: datetime | None
+    worker: str = Field(description="The worker of the step's last attempt.")
+    code_version: str = Field(description="The code version of that worker.")
     tool_calls: list[ToolCall]
 
 
@@ -558,3 +588,172 @@ class Imported(Response):
     steps: int
     snapshots: int
     archive_sha256: str = Field(description="SHA-256 of the archive as uploaded.")
+
+
+# --- replay batches (agentrun.lifecycle.batches) -------------------------------------------
+
+#: Where each run of a batch is forked from.
+START_FROM_SCHEMA: dict[str, Any] = {
+    "oneOf": [
+        {"type": "string", "enum": ["before-failure", "start"]},
+        {
+            "type": "object",
+            "properties": {"tool": {"type": "string", "minLength": 1, "maxLength": 100}},
+            "required": ["tool"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {"step": {"type": "integer", "minimum": 1, "maximum": MAX_STEP}},
+            "required": ["step"],
+            "additionalProperties": False,
+        },
+    ]
+}
+BATCH_FILTER = (
+    "The run list's filter: `q`, `status` (or `active`), `agent`, `label` (a `key=value` "
+    "or `key`, or a list of them), `pinned`, `since` and `until` (a date or ISO date and "
+    "time), `error` (text in the run's error), `version` (the code version of its latest "
+    "step), `tool_failed` (a call to this tool failed). An unknown member is refused."
+)
+
+
+class CreateBatch(Request):
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "filter": {"label": "problem=stale-cart", "status": "failed"},
+                    "from": "before-failure",
+                    "mode": "sandbox",
+                    "version": "v2",
+                    "name": "stale carts, after the fix",
+                    "reason": "incident 42",
+                    "dry_run": True,
+                }
+            ]
+        },
+    )
+
+    filter: dict[str, Any] = Field(default_factory=dict, description=BATCH_FILTER)
+    start_from: Any = Field(
+        "before-failure",
+        alias="from",
+        description='Where each run is forked: "before-failure" (the pre snapshot of its '
+        'first failed step), "start", {"tool": T} (before its first call to T) or '
+        '{"step": N}. A run without that point is skipped, saying why.',
+        json_schema_extra=START_FROM_SCHEMA,
+    )
+    mode: one_of(FORK_MODES) = Field(  # type: ignore[valid-type]
+        "sandbox",
+        description="sandbox (the default: no side effect happens), recorded, or live "
+        "(needs confirm_live).",
+    )
+    version: Version | None = Field(
+        None, description="Run the forks on this code version only. Null: any worker."
+    )
+    name: Annotated[Text, StringConstraints(min_length=1, max_length=200)] = Field(
+        description="What the batch repairs, e.g. the incident; recorded in the audit trail."
+    )
+    reason: Annotated[Text, StringConstraints(max_length=2000)] = Field(
+        "", description="Why; recorded in the audit trail."
+    )
+    max_in_flight: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="The batch's forks active at once (default AGENTRUN_BATCH_MAX_IN_FLIGHT).",
+    )
+    dry_run: bool = Field(False, description="Answer the preview; create nothing.")
+    confirm_live: bool = Field(False, description="Required for a live batch.")
+
+
+class PromoteBatch(Request):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"confirm_live": True, "reason": "the fix works"}]}
+    )
+
+    name: Annotated[Text, StringConstraints(min_length=1, max_length=200)] | None = Field(
+        None, description="The live batch's name (default: this one's, marked live)."
+    )
+    reason: Annotated[Text, StringConstraints(max_length=2000)] = Field(
+        "", description="Why; recorded in the audit trail."
+    )
+    version: Version | None = Field(
+        None, description="The code version to run on (default: this batch's)."
+    )
+    max_in_flight: int | None = Field(None, ge=1, le=10_000)
+    dry_run: bool = Field(False, description="Answer the preview; create nothing.")
+    confirm_live: bool = Field(False, description="Required: the replay runs live.")
+
+
+class PlannedRun(Response):
+    parent: UUID = Field(description="The run to replay.")
+    step: int | None = Field(description="The fork point: the pre snapshot of this step.")
+    skip_reason: str = Field(description="Why the run is skipped (it has no fork point).")
+
+
+class BatchPreview(Response):
+    count: int = Field(description="The runs that would be forked.")
+    skipped: int = Field(description="The runs selected without a fork point.")
+    mode: str
+    version: str
+    start_from: Any = Field(alias="from", json_schema_extra=START_FROM_SCHEMA)
+    side_effects: dict[str, int] = Field(
+        description="A live batch: the write/hybrid calls it would let happen, by tool (for "
+        "a promotion, those the sandbox forks skipped)."
+    )
+    runs: list[PlannedRun] = Field(description="Each run and its fork point (at most 1,000).")
+
+
+class BatchRun(Response):
+    position: int
+    parent: UUID
+    step: int | None
+    status: one_of(("pending", "forked", "skipped"))  # type: ignore[valid-type]
+    skip_reason: str
+    fork: UUID | None
+    fork_status: str = Field(description="The fork's run status (empty before its fork).")
+    verdict: str = Field(
+        description="Once the fork ended: fixed, still_failing, failing_differently, "
+        "changed_side_effects, unchanged or cancelled."
+    )
+
+
+class BatchCounts(Response):
+    runs: dict[str, int] = Field(
+        description="pending (not forked yet), running, succeeded, failed, cancelled, skipped."
+    )
+    verdicts: dict[str, int]
+
+
+class Batch(Response):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    id: UUID
+    name: str
+    reason: str
+    status: one_of(("running", "done", "cancelled"))  # type: ignore[valid-type]
+    mode: str
+    version: str
+    start_from: Any = Field(alias="from", json_schema_extra=START_FROM_SCHEMA)
+    filter: dict[str, Any]
+    max_in_flight: int
+    count: int = Field(description="The runs to fork (the skipped ones aside).")
+    created_by: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    promoted_from: UUID | None
+    counts: BatchCounts
+    runs: list[BatchRun] = Field(description="One page of the batch's runs, in order.")
+    runs_total: int
+    runs_offset: int
+    runs_next_offset: int | None
+
+
+class BatchList(Response):
+    items: list[Batch] = Field(description="Newest first; each without its runs.")
+    count: int

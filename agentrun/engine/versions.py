@@ -23,6 +23,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -165,12 +166,23 @@ def alive_workers() -> list[Worker]:
     return list(Worker.objects.filter(seen_at__gte=alive_after()).order_by("name"))
 
 
+_ALIVE: list[Any] = [0.0, set()]  # when read (time.monotonic()), the versions
+
+
 def versions_alive() -> set[str]:
-    return set(
-        Worker.objects.filter(seen_at__gte=alive_after())
-        .values_list("version", flat=True)
-        .distinct()
-    )
+    """The code versions of the live workers (read at most once a second per process)."""
+    if time.monotonic() - _ALIVE[0] > 1.0:
+        _ALIVE[1] = set(
+            Worker.objects.filter(seen_at__gte=alive_after())
+            .values_list("version", flat=True)
+            .distinct()
+        )
+        _ALIVE[0] = time.monotonic()
+    return _ALIVE[1]
+
+
+def forget_versions_alive() -> None:
+    _ALIVE[0] = 0.0
 
 
 class Heartbeat:

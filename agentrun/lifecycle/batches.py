@@ -191,7 +191,7 @@ def max_runs() -> int:
 def check_options(mode: Any, version: Any) -> tuple[str, str]:
     if mode not in MODES:
         raise BatchError(f"mode must be one of {', '.join(MODES)}", "mode")
-    if version in (None, ""):
+    if version is None:
         return mode, ""
     try:
         return mode, check_version(version)
@@ -215,7 +215,7 @@ def select(filter: Any) -> list[Run]:
     return runs
 
 
-def plan(filter: Any, start_from: Any, mode: Any = "sandbox", version: Any = "") -> Plan:
+def plan(filter: Any, start_from: Any, mode: Any = "sandbox", version: Any = None) -> Plan:
     """What a batch would fork, from where, and (for a live one) which side effects it
     would let happen again, by tool. Writes nothing."""
     start = parse_from(start_from)
@@ -283,7 +283,7 @@ def create(
     start_from: Any = "before-failure",
     *,
     mode: Any = "sandbox",
-    version: Any = "",
+    version: Any = None,
     name: Any,
     reason: Any = "",
     max_in_flight: Any = None,
@@ -409,7 +409,7 @@ def _fork(batch: ReplayBatch, item: BatchItem) -> int:
                 reason=f"replay batch {batch.name}" + (f": {batch.reason}" if batch.reason else ""),
                 user=batch.created_by,
                 confirm_live=True,  # confirmed for the whole batch when it was made
-                version=batch.version,
+                version=batch.version or None,
                 batch=batch,
             )
     except (services.ForkError, InvalidInput) as exc:
@@ -522,7 +522,12 @@ def promotable(batch: ReplayBatch) -> list[BatchItem]:
 
 
 def promotion_plan(batch: ReplayBatch, *, version: Any = None) -> Plan:
-    _, version = check_options("live", batch.version if version is None else version)
+    """What a promotion would replay live (BatchError if the batch can't be promoted)."""
+    if batch.mode == "live":
+        raise BatchError("this batch ran live already: there is nothing to promote")
+    if batch.status == BatchStatus.RUNNING:
+        raise BatchError("the batch is still running: promote it once its forks have ended")
+    _, version = check_options("live", (batch.version or None) if version is None else version)
     the_plan = Plan(StartFrom("step"), "live", version)
     if isinstance(batch.start_from, str | dict):
         the_plan.start = parse_from(batch.start_from)
@@ -553,14 +558,10 @@ def promote(
     confirm_live: bool = False,
 ) -> ReplayBatch:
     """Replay live, as a new batch, the runs whose fork in this one succeeded."""
-    if batch.mode == "live":
-        raise BatchError("this batch ran live already: there is nothing to promote")
-    if batch.status == BatchStatus.RUNNING:
-        raise BatchError("the batch is still running: promote it once its forks have ended")
+    the_plan = promotion_plan(batch, version=version)
     name = _text(name or f"{batch.name} (live)", "name", NAME_MAX_LENGTH, required=True)
     reason = _text(reason, "reason", REASON_MAX_LENGTH, required=False)
     limit = _in_flight(batch.max_in_flight if max_in_flight is None else max_in_flight)
-    the_plan = promotion_plan(batch, version=version)
     if the_plan.count == 0:
         raise BatchError("no fork of this batch succeeded: there is nothing to promote")
     return _create(the_plan, name, reason, limit, user, confirm_live, batch.selection, batch)

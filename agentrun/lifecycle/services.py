@@ -286,7 +286,7 @@ def fork_run(
     user: Any = None,
     confirm_live: bool = False,
     labels: Any = None,
-    version: Any = "",
+    version: Any = None,
     batch: Any = None,
 ) -> Run:
     """Start a new run from the (step, at) snapshot of `run`, optionally with an edited state.
@@ -310,13 +310,11 @@ def fork_run(
         raise ForkError(f"mode must be one of {', '.join(FORK_MODES)}", "mode")
     if not isinstance(reason, str):
         raise ForkError("reason must be a string", "reason")
-    if version:
+    if version is not None:
         try:
             check_version(version)
         except InvalidVersion as exc:
             raise ForkError(str(exc), "version") from None
-    elif version is None or not isinstance(version, str):
-        raise ForkError("version must be a string", "version")
     if run.purged_at is not None:
         raise ForkError(_purged(run))
     try:
@@ -362,7 +360,7 @@ def fork_run(
             mode=mode,
             created_by=user,
             created_version=code_version(),
-            target_version=version,
+            target_version=version or "",
             batch=batch,
             first_step=first,
             next_step=first,

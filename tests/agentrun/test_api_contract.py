@@ -52,7 +52,16 @@ CONFIG = schemathesis.Config.from_dict(
                 # Not so for a new run's input and a fork's state (their agent validates
                 # them), for a fork point (the run must have that snapshot) and for an
                 # imported archive (any bytes are a binary body; few are an archive).
-                "exclude-operation-id": ["startRun", "forkRun", "getSideEffects", "importRun"],
+                "exclude-operation-id": [
+                    "startRun",
+                    "forkRun",
+                    "getSideEffects",
+                    "importRun",
+                    # A batch needs runs that its filter selects and that have its fork
+                    # point; a promotion needs a batch whose forks ended.
+                    "createBatch",
+                    "promoteBatch",
+                ],
                 "checks": {
                     "positive_data_acceptance": {
                         "enabled": True,

@@ -158,7 +158,8 @@ def test_at_most_max_in_flight_forks_and_cancel_stops_new_ones(on_v1, monkeypatc
     [
         ({"filter": {"colour": "red"}}, "filter", "unknown filter field 'colour'"),
         ({"filter": {"status": "exploded"}}, "filter", "status must be one of"),
-        ({"version": ""}, None, None),  # empty: any worker (valid)
+        ({"version": None}, None, None),  # none: any worker (valid)
+        ({"version": ""}, "version", "can't be empty"),
         ({"version": "v" * 65}, "version", "at most 64 characters"),
         ({"version": "has space"}, "version", "letters, digits"),
         ({"start_from": "middle"}, "from", "from must be"),
