@@ -33,6 +33,14 @@ def _flush_past_the_event_log_trigger():
         yield
 
 
+@pytest.fixture
+def on_v1(monkeypatch):
+    """The `refunds` agent as its buggy v1, in a process that says it runs v1."""
+    from tests.fleet.scenario import run_on_v1
+
+    run_on_v1(monkeypatch)
+
+
 def pytest_report_header(config):
     db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     return f"agentrun: database={db} broker={settings.CELERY_BROKER_URL.split(':', 1)[0]}"

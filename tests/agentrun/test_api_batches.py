@@ -8,8 +8,8 @@ from django.test import Client
 
 from agentrun.lifecycle import batches
 from agentrun.models import BatchItem, Event, ReplayBatch, Run
-from tests.agentrun.test_batches import deploy_v2, incident, on_v1, run_batch  # noqa: F401
 from tests.base import make_people
+from tests.fleet.scenario import deploy_v2, incident, run_batch
 
 pytestmark = pytest.mark.django_db
 

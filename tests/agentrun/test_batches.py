@@ -7,46 +7,13 @@ from __future__ import annotations
 import pytest
 
 from agentrun.agents import get_agent
-from agentrun.engine import versions
-from agentrun.lifecycle import batches, services
+from agentrun.lifecycle import batches
 from agentrun.lifecycle.batches import BatchError
 from agentrun.models import BatchItem, Event, LedgerEntry, ReplayBatch, Run
 from tests.base import drive
-from tests.fleet import refunds_v1  # noqa: F401  (registers the agent, buggy)
-from tests.fleet.refunds import order
+from tests.fleet.scenario import deploy_v2, incident, run_batch
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def on_v1(monkeypatch):
-    monkeypatch.setattr(versions, "_SETTLED", ["v1"])
-    monkeypatch.setattr(get_agent("refunds"), "per_item", True)
-
-
-def deploy_v2(monkeypatch):
-    """This process now runs the fixed code, as version v2."""
-    monkeypatch.setattr(versions, "_SETTLED", ["v2"])
-    monkeypatch.setattr(get_agent("refunds"), "per_item", False)
-
-
-def incident(n_failing=3, n_fine=2):
-    runs = [services.start_run("refunds", order(k, items=0)) for k in range(n_failing)]
-    runs += [services.start_run("refunds", order(100 + k, items=2)) for k in range(n_fine)]
-    return [drive(r) for r in runs]
-
-
-def run_batch(batch):
-    """Advance the batch and drive its forks here until it is done."""
-    for _ in range(50):
-        batches.advance(batch.pk)
-        batch.refresh_from_db()
-        forks = Run.objects.filter(batch=batch, status__in=("queued", "running"))
-        if batch.status != "running" and not forks.exists():
-            return batch
-        for fork in forks:
-            drive(fork)
-    raise AssertionError("the batch did not end")
 
 
 FAILED = {"agent": "refunds", "status": "failed"}
