@@ -93,6 +93,8 @@ _RUN_SKIP = {
     "pin_reason",
     "purged_at",
     "purge_done",
+    # The replay batch that made a fork is this deployment's too.
+    "batch",
 }
 RUN_FIELDS = [f for f in Run._meta.concrete_fields if f.name not in _RUN_SKIP]
 SNAPSHOT_FIELDS = [f for f in Snapshot._meta.concrete_fields if f.name not in ("id", "run")]
@@ -476,6 +478,12 @@ def _records(stream: IO[bytes], sha: Any = None) -> Iterator[tuple[int, dict[str
 # --- checking and building rows --------------------------------------------------------------
 
 
+_REQUIRED = object()
+#: Fields added after the format's first version: an archive from before them imports
+#: with their defaults (no code version recorded).
+_ADDED_LATER = frozenset({"created_version", "target_version", "code_version"})
+
+
 @dataclass(frozen=True)
 class _Column:
     """What a record's member must be to go into a field: checked once per value."""
@@ -485,6 +493,8 @@ class _Column:
     null: bool
     max_length: int | None
     choices: frozenset[str] | None
+    # A member that archives written before the field existed lack: its default then.
+    missing: Any = _REQUIRED
 
     @classmethod
     def of(cls, f: Any) -> _Column:
@@ -503,7 +513,8 @@ class _Column:
         else:
             kind = "json"
         choices = frozenset(str(c[0]) for c in f.flatchoices) if f.choices else None
-        return cls(f.name, kind, f.null, getattr(f, "max_length", None), choices)
+        missing = f.get_default() if f.name in _ADDED_LATER else _REQUIRED
+        return cls(f.name, kind, f.null, getattr(f, "max_length", None), choices, missing)
 
     def value(self, value: Any, where: str) -> Any:
         """The record's value as the field stores it, or ArchiveError."""
@@ -561,7 +572,10 @@ def _values(fields: list[Any], record: dict[str, Any], where: str) -> list[Any]:
         try:
             value = record[column.name]
         except KeyError:
-            raise ArchiveError(f"{where}: {column.name} is missing") from None
+            if column.missing is _REQUIRED:
+                raise ArchiveError(f"{where}: {column.name} is missing") from None
+            values.append(column.missing)
+            continue
         values.append(column.value(value, where))
     return values
 
