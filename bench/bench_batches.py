@@ -111,11 +111,19 @@ def floor_read() -> int:
     return len(list(selection.parse(FILTER).apply(Run.objects.all())))
 
 
-def durations(ids: list[str]) -> list[float]:
+def durations(ids: list[str], t0: float) -> list[float]:
+    """Seconds from t0 (when the runs' wake-ups went out) to each succeeded run's end."""
     from agentrun.models import Run
 
-    rows = Run.objects.filter(pk__in=ids).values_list("created_at", "finished_at", "status")
-    return [(f - c).total_seconds() for c, f, s in rows if f is not None and s == "succeeded"]
+    rows = Run.objects.filter(pk__in=ids, status="succeeded").values_list("finished_at", flat=True)
+    return [f.timestamp() - t0 for f in rows]
+
+
+def create(n: int) -> list[str]:
+    """n `llm` runs, no wake-up sent (this process has AGENTRUN_ENQUEUE off)."""
+    from agentrun.lifecycle import services
+
+    return [str(services.start_run("llm", llm_input()).pk) for _ in range(n)]
 
 
 def wait(check: Any, deadline: float, poll: float = 0.25) -> bool:
@@ -132,14 +140,14 @@ def others_alone(args: argparse.Namespace, environment: dict[str, str]) -> dict[
 
     reset()
     deadline = time.monotonic() + args.timeout
-    ids = create_runs("llm", llm_input, args.others, deadline)
+    ids = create(args.others)
     workers = Workers(args.workers, environment, "batch-baseline", deadline)
     try:
-        publish(ids)
+        t0, _ = publish(ids)
         wait(lambda: not Run.objects.filter(status__in=ACTIVE_STATUSES).exists(), deadline)
     finally:
         workers.stop()
-    d = durations(ids)
+    d = durations(ids, t0)
     return {
         "others": len(ids),
         "succeeded": len(d),
@@ -164,7 +172,7 @@ def with_batch(args: argparse.Namespace, environment: dict[str, str]) -> dict[st
     t = time.perf_counter()
     batch = batches.create(FILTER, name="bench", max_in_flight=args.max_in_flight)
     out["create_s"] = time.perf_counter() - t
-    others = create_runs("llm", llm_input, args.others, deadline)
+    others = create(args.others)
     workers = Workers(args.workers, environment, "batch", deadline)
     try:
         t0 = time.time()
@@ -182,9 +190,9 @@ def with_batch(args: argparse.Namespace, environment: dict[str, str]) -> dict[st
         workers.stop()
     forks = list(Run.objects.filter(batch=batch).values_list("pk", flat=True))
     out["forks"] = len(forks)
-    out["forks_succeeded"] = len(durations([str(f) for f in forks]))
+    out["forks_succeeded"] = len(durations([str(f) for f in forks], t0))
     out["verdicts"] = batches.counts(ReplayBatch.objects.get(pk=batch.pk))["verdicts"]
-    d = durations(others)
+    d = durations(others, t0)
     out["others_succeeded"] = len(d)
     out["others_median_s"] = statistics.median(d) if d else None
     waves = math.ceil(args.runs / args.max_in_flight)
