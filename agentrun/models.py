@@ -260,6 +260,9 @@ class RunLabel(models.Model):
 class StepStatus(models.TextChoices):
     RUNNING = "running"
     WAITING = "waiting"
+    # An operator decided what the step waited on (an approval, a call in doubt): its next
+    # claim resumes the attempt that waited, it is not another attempt.
+    RESUMING = "resuming"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"

@@ -228,7 +228,8 @@ def _claim_pg(
 # Another attempt at a step. One whose last attempt is still 'running' ended without an
 # outcome (every way an attempt ends sets another status): it crashed, and counts.
 _RECLAIM_PG = (
-    "attempts = agentrun_step.attempts + 1, status = 'running', worker = EXCLUDED.worker,"
+    "attempts = agentrun_step.attempts + (agentrun_step.status <> 'resuming')::integer,"
+    " status = 'running', worker = EXCLUDED.worker,"
     " code_version = EXCLUDED.code_version,"
     " crashes = agentrun_step.crashes + (agentrun_step.status = 'running')::integer,"
     " crash_log = CASE WHEN agentrun_step.status = 'running' THEN agentrun_step.crash_log"
@@ -240,7 +241,8 @@ _STEP_UPSERT = """
 INSERT INTO agentrun_step (run_id, number, status, attempts, crashes, crash_log, worker,
     code_version, phase_before, phase_after, decision_count, tokens_in, tokens_out, started_at)
 VALUES (%s, %s, 'running', 1, 0, '[]', %s, %s, %s, '', 0, 0, 0, %s)
-ON CONFLICT (run_id, number) DO UPDATE SET attempts = agentrun_step.attempts + 1,
+ON CONFLICT (run_id, number) DO UPDATE SET
+    attempts = agentrun_step.attempts + (agentrun_step.status <> 'resuming'),
     status = 'running', worker = excluded.worker, code_version = excluded.code_version,
     crashes = agentrun_step.crashes + (agentrun_step.status = 'running'),
     crash_log = CASE WHEN agentrun_step.status = 'running' THEN json_insert(

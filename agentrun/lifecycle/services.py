@@ -109,9 +109,9 @@ def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
             raise ActionError(
                 f"run is {Run.objects.get(pk=run.pk).status}; only an active run can be cancelled"
             )
-        run.steps.filter(status__in=(StepStatus.RUNNING, StepStatus.WAITING)).update(
-            status=StepStatus.CANCELLED, finished_at=now
-        )
+        run.steps.filter(
+            status__in=(StepStatus.RUNNING, StepStatus.WAITING, StepStatus.RESUMING)
+        ).update(status=StepStatus.CANCELLED, finished_at=now)
         run.tool_calls.filter(status__in=PENDING_CALLS).update(
             status=ToolCallStatus.CANCELLED, finished_at=now
         )
@@ -205,8 +205,9 @@ def decide_approval(
         if run.wait_reason == WaitReason.IN_DOUBT and decision == "reject":
             tc.requires_approval = True  # the engine fails the run on a rejected call
         tc.save(update_fields=["approval", "status", "requires_approval"])
-        # Not "running": the next claim is an attempt, not a crash noticed.
-        run.steps.filter(number=run.next_step).update(status=StepStatus.WAITING)
+        # The next claim resumes the attempt that waited for this decision: no crash
+        # noticed (not "running"), no attempt more (an approval is not a retry).
+        run.steps.filter(number=run.next_step).update(status=StepStatus.RESUMING)
         record_event(
             "approved" if decision == "approve" else "rejected",
             run=run,
