@@ -251,6 +251,8 @@ class RunLabel(models.Model):
         indexes = [
             # The run list's ?label=key=value (and ?label=key): the runs with that label.
             models.Index(fields=["key", "value"], name="runlabel_key_value"),
+            # ?label=value (a bare word may be a value, of any key).
+            models.Index(fields=["value"], name="runlabel_value"),
         ]
 
     def __str__(self) -> str:

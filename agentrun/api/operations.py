@@ -393,7 +393,8 @@ def list_runs(
             ]
         ],
         Query(
-            description="Only runs with this label: `key=value`, or `key` for any value. "
+            description="Only runs with this label: `key=value`, or a bare word: a key (any "
+            "value) or a value (any key). "
             "Repeat it for runs with all of them."
         ),
     ] = [],  # noqa: B006 -- Ninja copies the default

@@ -146,14 +146,18 @@ def of(run: Any) -> dict[str, str]:
 
 
 def filter_runs(runs: Any, filters: Iterable[str]) -> Any:
-    """`runs` narrowed to those with every label of `filters` (`key=value` or `key`);
-    raises InvalidLabels on a filter that is no label."""
+    """`runs` narrowed to those with every label of `filters`: `key=value`, or a bare word
+    that is a label's key (any value) or a label's value (any key); raises InvalidLabels on
+    a filter that is no label."""
+    from django.db.models import Q
+
     from agentrun.models import RunLabel
 
     for text in filters:
         key, value = parse_filter(text)
-        having = RunLabel.objects.filter(key=key)
-        if value is not None:
-            having = having.filter(value=value)
+        if value is None:
+            having = RunLabel.objects.filter(Q(key=key) | Q(value=key))
+        else:
+            having = RunLabel.objects.filter(key=key, value=value)
         runs = runs.filter(pk__in=having.values("run_id"))
     return runs

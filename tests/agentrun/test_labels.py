@@ -277,3 +277,32 @@ def test_labels_are_checked_before_the_agent_or_the_input():
     assert stored() == before
     make_run()  # and a good start still works
     assert Run.objects.count() == before[0] + 1
+
+
+@pytest.mark.django_db
+def test_a_bare_word_in_the_label_filter_matches_a_key_or_a_value():
+    from agentrun.lifecycle import labels, services
+    from agentrun.models import Run
+    from tests.base import calls, final, script
+
+    steps = script(calls({"tool": "echo", "args": {}}), final())
+    stale = services.start_run("scripted", steps, labels={"problem": "stale-cart"})
+    keyed = services.start_run("scripted", steps, labels={"stale-cart": "yes"})
+    services.start_run("scripted", steps, labels={"problem": "other"})
+    found = set(labels.filter_runs(Run.objects.all(), ["stale-cart"]).values_list("pk", flat=True))
+    assert found == {stale.pk, keyed.pk}
+    exact = labels.filter_runs(Run.objects.all(), ["problem=stale-cart"])
+    assert list(exact.values_list("pk", flat=True)) == [stale.pk]
+
+
+@pytest.mark.django_db
+def test_the_run_lists_text_search_matches_label_keys_and_values():
+    from agentrun.lifecycle import selection, services
+    from agentrun.models import Run
+    from tests.base import calls, final, script
+
+    steps = script(calls({"tool": "echo", "args": {}}), final())
+    stale = services.start_run("scripted", steps, labels={"problem": "stale-cart"})
+    services.start_run("scripted", steps, labels={"problem": "other"})
+    found = selection.parse({"q": "stale"}).apply(Run.objects.all())
+    assert list(found.values_list("pk", flat=True)) == [stale.pk]
