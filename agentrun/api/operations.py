@@ -863,15 +863,19 @@ def get_open_api(request: HttpRequest) -> dict[str, Any]:
 
 # --- search within a run (debugger.search) -----------------------------------------------
 
-SEARCH_PHASES = s.one_of(search.PHASES)
-SEARCH_CALL = s.one_of(ToolCallStatus.values)
-SEARCH_STEP = s.one_of(StepStatus.values)
+# One rule for every criterion: empty is the same as absent (as the run page's form sends
+# them), and no criterion at all matches every step.
+SEARCH_PHASES = s.one_of(("", *search.PHASES))
+SEARCH_CALL = s.one_of(("", *ToolCallStatus.values))
+SEARCH_STEP = s.one_of(("", *StepStatus.values))
+SEARCH_KIND = s.one_of(("", "read", "write", "hybrid"))
 
 
 @api.get(
     "/runs/{run_id}/search",
     response={200: s.StepSearch, **_errors(400, 401, 403, 404)},
-    summary="The steps of a run that match a filter, as the run page's search",
+    summary="The steps of a run that match a filter, as the run page's search (an empty "
+    "criterion is no criterion; none at all: every step)",
 )
 def search_steps(
     request: HttpRequest,
@@ -888,7 +892,7 @@ def search_steps(
     tool: Annotated[
         str, Query(max_length=100, pattern=TEXT_PATTERN, description="A tool name.")
     ] = "",
-    kind: Annotated[s.ToolKind | None, Query(description="A call of this kind.")] = None,
+    kind: Annotated[SEARCH_KIND | None, Query(description="A call of this kind.")] = None,  # type: ignore[valid-type]
     call: Annotated[SEARCH_CALL | None, Query(description="A call with this status.")] = None,  # type: ignore[valid-type]
     status: Annotated[SEARCH_STEP | None, Query(description="The step's status.")] = None,  # type: ignore[valid-type]
     phase: Annotated[SEARCH_PHASES | None, Query(description="The phase after the step.")] = None,  # type: ignore[valid-type]
@@ -897,8 +901,9 @@ def search_steps(
         bool, Query(description="Steps that waited (backoff, crash, approval, doubt).")
     ] = False,
 ) -> dict[str, Any]:
-    """Tool, kind and call status must hold for the same call; no criterion: every step.
-    A tool the run never called matches no step."""
+    """Tool, kind and call status must hold for the same call. An empty criterion is the
+    same as an absent one; no criterion: every step. A tool the run never called matches
+    no step."""
     run = _get_run(run_id)
     steps = search.matching_steps(
         run,

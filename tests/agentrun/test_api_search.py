@@ -83,3 +83,10 @@ def test_an_unknown_run_is_a_404_and_no_token_a_401(viewer, run):
         viewer.get("/api/runs/00000000-0000-0000-0000-000000000000/search?q=x").status_code == 404
     )
     assert Client().get(f"/api/runs/{run.pk}/search?q=x").status_code == 401
+
+
+@pytest.mark.parametrize("param", ["q", "tool", "kind", "call", "status", "phase"])
+def test_an_empty_criterion_is_no_criterion_and_none_matches_every_step(viewer, run, param):
+    everything = found(viewer, run)
+    assert everything == list(range(1, 41))
+    assert found(viewer, run, **{param: ""}) == everything
