@@ -262,6 +262,8 @@ AGENTRUN_AGENT_MODULES = [m.strip() for m in env("AGENTRUN_AGENT_MODULES").split
 # Every step records the version of the worker that executed it; a fork onto a version is
 # executed only by workers of that version.
 AGENTRUN_CODE_VERSION = env("AGENTRUN_CODE_VERSION")
+# Where the dashboard is, for links printed by commands and sent in messages.
+AGENTRUN_SITE_URL = env("AGENTRUN_SITE_URL", "http://127.0.0.1:8000").rstrip("/")
 # A worker process says it is alive this often (seconds); after three silent beats it no
 # longer counts as one that can execute a run asking for its version.
 AGENTRUN_WORKER_HEARTBEAT_SECONDS = env_float("AGENTRUN_WORKER_HEARTBEAT_SECONDS", 5.0)

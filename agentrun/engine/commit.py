@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import traceback
 from typing import Any
@@ -32,9 +33,11 @@ from agentrun.models import (
     StepStatus,
     ToolCall,
 )
-from agentrun.security.redact import redact
+from agentrun.security.redact import redact, redact_text
 from agentrun.security.storable import escape, escape_text
 from agentrun.store import callsearch, compaction, hashing, rawsql, snapshots
+
+log = logging.getLogger(__name__)
 
 
 def failure_context(
@@ -109,6 +112,15 @@ def fail_step(ctx: Claimed, failure: dict[str, Any]) -> Outcome:
         post_state = ctx.pre_state
     outcome = _write_post(ctx, post_state, StepStatus.FAILED, RunStatus.FAILED, failure=failure)
     if outcome.status == "failed":
+        # The worker's log says why, not only that the task ended (its message is the
+        # failure's, redacted and cut like the run's error).
+        log.warning(
+            "step %s of run %s failed: %s%s",
+            ctx.step.number,
+            ctx.run.pk,
+            str(failure.get("type", "")) + ": " if failure.get("type") else "",
+            redact_text(str(failure.get("message", "")))[:500],
+        )
         compensate_run(Run.objects.get(pk=ctx.run.pk))
     return outcome
 

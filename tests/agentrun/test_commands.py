@@ -114,7 +114,7 @@ def test_startrun_wait_prints_succeeded_and_exits_0(monkeypatch):
     code, lines = wait_for(calls({"tool": "echo", "args": {}}), final())
 
     assert code == 0
-    assert lines == [str(Run.objects.get().pk), "succeeded"]
+    assert lines == [str(Run.objects.get().pk), "succeeded", "answer: done"]
 
 
 def test_startrun_wait_prints_the_error_of_a_failed_run_and_exits_1(monkeypatch):
@@ -232,3 +232,29 @@ def test_reconcile_re_enqueues_a_run_whose_wake_up_was_lost(
 
     assert out.strip() == "enqueued 1 run(s), compensated 0 call(s)"
     assert sent == [("agentrun.execute_step", (str(run.pk), 1))]
+
+
+def test_startrun_says_where_the_run_is_and_who_started_it(settings):
+    operator = make_people()["operator"]
+    settings.AGENTRUN_SITE_URL = "https://agentrun.example"
+    out, err = StringIO(), StringIO()
+    call_command(
+        "startrun", "scripted", "--input", json.dumps(script(final("hi"))),
+        "--user", operator.username, stdout=out, stderr=err,
+    )  # fmt: skip
+    run = Run.objects.get()
+    assert err.getvalue().strip() == f"https://agentrun.example/runs/{run.pk}/"
+    assert run.created_by == operator
+    with pytest.raises(CommandError, match="needs the operator role"):
+        call_command(
+            "startrun", "scripted", "--input", "{}", "--user", "victor", stdout=out, stderr=err
+        )
+
+
+def test_a_failed_step_says_why_in_the_worker_log(caplog):
+    run = make_run(script(calls({"tool": "fail", "args": {"message": "card declined"}})))
+    with caplog.at_level("WARNING", logger="agentrun.engine.commit"):
+        drive(run)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"step 1 of run {run.pk} failed: ToolError: card declined"
+    ]

@@ -1,5 +1,8 @@
 """Start a run from the command line:
-`manage.py startrun AGENT --input JSON|@file [--label KEY=VALUE]... [--wait]`."""
+`manage.py startrun AGENT --input JSON|@file [--label KEY=VALUE]... [--user NAME] [--wait]`.
+
+Prints the run's id on stdout, and its page on stderr. With --wait, then its status and its
+final answer or error."""
 
 from __future__ import annotations
 
@@ -7,12 +10,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.urls import reverse
 
 from agentrun.agents import InvalidInput
 from agentrun.engine import inflight
 from agentrun.lifecycle import labels as run_labels
 from agentrun.lifecycle import services
+from agentrun.management.commands.fork import find_operator
 from agentrun.models import Run, RunStatus
 from agentrun.security.storable import parse_json
 
@@ -80,6 +86,9 @@ class Command(BaseCommand):
             dest="labels",
             help="a label to find the run by, e.g. --label story=stale-cart (repeatable)",
         )
+        parser.add_argument(
+            "--user", help="the operator the run is recorded as started by (default: nobody)"
+        )
         parser.add_argument("--wait", action="store_true", help="wait for the run to stop moving")
         parser.add_argument(
             "--timeout", type=float, default=300.0, help="seconds to wait (default 300)"
@@ -93,18 +102,23 @@ class Command(BaseCommand):
         labels: list[str],
         wait: bool,
         timeout: float,
+        user: str | None = None,
         **options: Any,
     ) -> None:
+        operator = find_operator(user, "starting a run")
         try:
             checked = run_labels.parse(labels)
         except run_labels.InvalidLabels as exc:
             raise CommandError(f"--label: {exc}") from None
         data = read_input(input)
         try:
-            run = services.start_run(agent, data, labels=checked)
+            run = services.start_run(agent, data, labels=checked, user=operator)
         except InvalidInput as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(str(run.pk))
+        self.stderr.write(
+            f"{settings.AGENTRUN_SITE_URL}{reverse('debugger:run-detail', args=[run.pk])}"
+        )
         if not wait:
             return
         done = wait_for(run, timeout)
@@ -115,6 +129,8 @@ class Command(BaseCommand):
             )
             raise SystemExit(EXIT_TIMEOUT)
         self.stdout.write(status_line(done))
+        if done.final_answer:
+            self.stdout.write(f"answer: {done.final_answer}")
         if done.status == RunStatus.WAITING:
             raise SystemExit(EXIT_WAITING)
         if done.status != RunStatus.SUCCEEDED:
