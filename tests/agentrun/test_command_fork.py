@@ -198,3 +198,15 @@ def test_a_bad_fork_is_a_command_error_and_creates_nothing(parent, people, args,
     assert message in str(refused.value)
     assert out.getvalue() == ""
     assert stored() == counts
+
+
+@pytest.mark.django_db
+def test_a_fork_onto_a_code_version_from_the_command_line():
+    run = drive(make_run())
+    out = StringIO()
+    call_command("fork", str(run.pk), "1", "--at", "pre", "--mode", "sandbox",
+                 "--version", "v2", stdout=out)  # fmt: skip
+    assert Run.objects.get(pk=out.getvalue().strip()).target_version == "v2"
+    with pytest.raises(CommandError, match="a version is letters"):
+        call_command("fork", str(run.pk), "1", "--at", "pre", "--mode", "sandbox",
+                     "--version", "no spaces please", stdout=out)  # fmt: skip

@@ -2,6 +2,7 @@
 
     manage.py fork RUN_ID STEP --at pre|post --mode sandbox|recorded|live
                    [--state @file|JSON] [--reason R] [--confirm-live] [--user NAME]
+                   [--version V]
 
 Prints the new run's id on stdout (and nothing else there, so that
 `FORK=$(manage.py fork ...)` works). The parent's write/hybrid calls that a
@@ -120,6 +121,15 @@ class Command(BaseCommand):
             help="run the parent's write/hybrid calls after the fork point again (live mode)",
         )
         parser.add_argument("--user", help="the operator the fork is recorded under")
+        parser.add_argument(
+            "--version",
+            default=None,
+            help="the code version to run the fork on: only workers of it execute it",
+        )
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # --version is the code version to run on: it replaces Django's own --version.
+        return super().create_parser(prog_name, subcommand, conflict_handler="resolve", **kwargs)
 
     def handle(
         self,
@@ -132,6 +142,7 @@ class Command(BaseCommand):
         reason: str,
         confirm_live: bool,
         user: str | None,
+        version: str | None = None,
         **options: Any,
     ) -> None:
         run = find_run(run_id)
@@ -148,6 +159,7 @@ class Command(BaseCommand):
                 reason=reason,
                 user=operator,
                 confirm_live=confirm_live,
+                version=version,
             )
         except services.ForkError as exc:
             if exc.field != "confirm_live":
