@@ -376,20 +376,33 @@ def _create(
 
 def advance(batch_id: Any) -> dict[str, int]:
     """Record the verdicts of the forks that ended, make new forks while the batch has room,
-    and end the batch when nothing is left. Safe to call any time, from anywhere."""
-    made = judged = 0
+    and end the batch when nothing is left. Safe to call any time, from anywhere: each
+    change is a short transaction holding the batch's row, so two calls never make more
+    forks than the batch has room for, and none holds the database for long."""
     with transaction.atomic():
         batch = ReplayBatch.objects.select_for_update().filter(pk=batch_id).first()
         if batch is None:
             return {"forked": 0, "judged": 0}
         judged = _judge(batch)
-        items = BatchItem.objects.filter(batch=batch)
-        in_flight = items.filter(status=ItemStatus.FORKED, fork__status__in=ACTIVE_STATUSES)
-        room = batch.max_in_flight - in_flight.count()
-        if batch.status == BatchStatus.RUNNING and room > 0:
-            for item in items.filter(status=ItemStatus.PENDING).select_related("parent")[:room]:
-                made += _fork(batch, item)
-        left = items.filter(Q(status=ItemStatus.PENDING) | Q(status=ItemStatus.FORKED, verdict=""))
+    made = 0
+    while True:
+        with transaction.atomic():
+            batch = ReplayBatch.objects.select_for_update().get(pk=batch_id)
+            items = BatchItem.objects.filter(batch=batch)
+            if batch.status != BatchStatus.RUNNING:
+                break
+            active = items.filter(status=ItemStatus.FORKED, fork__status__in=ACTIVE_STATUSES)
+            if active.count() >= batch.max_in_flight:
+                break
+            item = items.filter(status=ItemStatus.PENDING).select_related("parent").first()
+            if item is None:
+                break
+            made += _fork(batch, item)
+    with transaction.atomic():
+        batch = ReplayBatch.objects.select_for_update().get(pk=batch_id)
+        left = BatchItem.objects.filter(batch=batch).filter(
+            Q(status=ItemStatus.PENDING) | Q(status=ItemStatus.FORKED, verdict="")
+        )
         if batch.status == BatchStatus.RUNNING and not left.exists():
             batch.status = BatchStatus.DONE
             batch.finished_at = timezone.now()
