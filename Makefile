@@ -1,4 +1,5 @@
-# agentrun: `make up` runs everything locally, `make test` runs the whole test suite.
+# agentrun: `make up` runs everything locally, `make test` runs the whole test suite,
+# `make docs` builds the documentation site into site/.
 # Both create .venv with the Python found as $(PYTHON) (3.11+) and install pyproject's
 # pinned dependencies into it: `make up` the runtime ones, `make test` those and [dev].
 # Each install is skipped while pyproject.toml is unchanged.
@@ -16,7 +17,7 @@ CHROMIUM := /usr/bin/chromium
 # The tests get their own database and broker folder, never the dev ones under var/.
 TEST_VAR := $(CURDIR)/var/test
 
-.PHONY: up test install install-dev lint chromium clean
+.PHONY: up test docs install install-dev lint chromium clean
 
 install: $(STAMP)
 install-dev: $(DEV_STAMP)
@@ -60,6 +61,10 @@ chromium:
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
+
+# The documentation site, from docs/ into site/ (mkdocs.yml); any warning fails the build.
+docs: $(DEV_STAMP)
+	$(BIN)/mkdocs build --strict
 
 test: $(DEV_STAMP) chromium
 	$(BIN)/ruff check .
