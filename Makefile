@@ -1,6 +1,8 @@
-# agentrun: `make up` runs everything locally, `make test` runs the whole test suite.
-# Both create .venv with the Python found as $(PYTHON) (3.11+) and install pyproject's
-# pinned dependencies into it: `make up` the runtime ones, `make test` those and [dev].
+# agentrun: `make up` runs everything locally, `make test` runs the whole test suite,
+# `make docs` builds the documentation site into site/.
+# Each creates .venv with the Python found as $(PYTHON) (3.11+) and installs pyproject's
+# pinned dependencies into it: `make up` the runtime ones, `make test` and `make docs`
+# those and [dev].
 # Each install is skipped while pyproject.toml is unchanged.
 
 PYTHON ?= python3
@@ -16,7 +18,7 @@ CHROMIUM := /usr/bin/chromium
 # The tests get their own database and broker folder, never the dev ones under var/.
 TEST_VAR := $(CURDIR)/var/test
 
-.PHONY: up test install install-dev lint chromium clean
+.PHONY: up test docs install install-dev lint chromium clean
 
 install: $(STAMP)
 install-dev: $(DEV_STAMP)
@@ -60,6 +62,11 @@ chromium:
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
+
+# The documentation site, from docs/ into site/ (mkdocs.yml); any warning fails the build.
+# (NO_MKDOCS_2_WARNING: the theme's notice about its successor, printed at every build.)
+docs: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 test: $(DEV_STAMP) chromium
 	$(BIN)/ruff check .

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 from importlib import metadata
@@ -365,14 +366,69 @@ def render(results: dict[str, Any]) -> str:
     lines += _throughput(results)
     lines += _pages(results)
     lines += _definitions(results)
-    # The LLM-bound benchmark runs on its own (bench/llm_bench.py): its latest results.
+    return "\n".join(lines) + "\n\n" + sections()
+
+
+# The benchmarks run by hand (bench/README.md) each leave a dated section in bench/results/.
+# RESULTS.md holds the current ones, the newest of each topic, in this order; the older ones
+# stay in their files, listed at its end with their anchors, so links to them still land.
+RESULTS_DIR = Path(__file__).with_name("results")
+CURRENT = (
+    "2026-11-28-step-and-llm-bound.md",
+    "2026-11-28-long-runs-and-histories.md",
+    "2026-11-27-regrouped.md",
+    "2026-11-27-keyframes-and-reads.md",
+    "2026-11-26-purge.md",
+    "2026-11-26-export.md",
+)
+# Where RESULTS.md's generated tables end and the sections begin.
+SECTIONS_START = "<!-- sections: bench/report.py CURRENT, then the older results -->"
+
+
+def sections() -> str:
+    """The LLM-bound benchmark's latest run, if any, the current sections, the older ones' index."""
+    parts = [
+        SECTIONS_START,
+        "The sections below are the benchmarks run by hand, the newest of each topic, each with\n"
+        "the commands that produced it; their files, and the older results listed at the end, are\n"
+        "in `bench/results/`.",
+    ]
+    # bench/llm_bench.py writes its latest run here; once kept, it becomes a dated section.
     llm = Path(__file__).with_name("llm_results.json")
     if llm.exists():
-        lines += ["", '<a id="llm-bound-runs"></a>', "", json.loads(llm.read_text())["markdown"]]
-    # The other benchmarks run by hand (bench/README.md); each leaves its section here.
-    for section in sorted(Path(__file__).with_name("results").glob("*.md")):
-        lines += ["", section.read_text().strip()]
-    return "\n".join(lines) + "\n"
+        parts.append('<a id="llm-bound-runs"></a>\n\n' + json.loads(llm.read_text())["markdown"])
+    parts += [(RESULTS_DIR / name).read_text().strip() for name in CURRENT]
+    parts.append(_older(set(re.findall(r'<a id="([^"]+)">', "\n".join(parts)))))
+    return "\n\n".join(parts) + "\n"
+
+
+def _older(anchors_shown: set[str]) -> str:
+    lines = [
+        "## Older results",
+        "",
+        "Earlier measurements, each in a dated file of `bench/results/` with its command, commit",
+        "and machine. The figures above replace them where they measure the same thing.",
+        "",
+    ]
+    for path in sorted(RESULTS_DIR.glob("*.md")):
+        if path.name in CURRENT:
+            continue
+        text = path.read_text()
+        title = re.search(r"^## (.+)$", text, re.M)
+        anchors = "".join(
+            f'<a id="{a}"></a>'
+            for a in re.findall(r'<a id="([^"]+)">', text)
+            if a not in anchors_shown
+        )
+        lines.append(f"- {anchors}[{title[1] if title else path.stem}](results/{path.name})")
+    return "\n".join(lines)
+
+
+def rewrite_sections(path: Path) -> None:
+    """Rewrite the sections of an existing RESULTS.md, keeping its generated tables."""
+    text = path.read_text()
+    head = text.split(SECTIONS_START, 1)[0].rstrip("\n")
+    path.write_text(head + "\n\n" + sections())
 
 
 def _code(results: dict[str, Any]) -> str:
@@ -761,3 +817,8 @@ def _definitions(results: dict[str, Any]) -> list[str]:
         "- Order of one in-process repeat: TRUNCATE the tables → floor N steps → agent code with no persistence → "
         "engine N + 1 steps → VACUUM ANALYZE and sizes → reads → diffs → fork and its completion.",
     ]
+
+
+if __name__ == "__main__":
+    # After adding or retiring a dated section: the tables stay, the sections are rewritten.
+    rewrite_sections(ROOT / "bench" / "RESULTS.md")

@@ -1,4 +1,5 @@
-"""Production security comes from the environment: `check --deploy` passes with the README's setup.
+"""Production security comes from the environment: `check --deploy` passes with the documented
+setup (docs/operations/deployment.md, "Running in production").
 
 Settings are read once per process, so each case runs `manage.py` in a child process with
 exactly the environment it names (nothing inherited from the test run's own settings).
@@ -26,17 +27,17 @@ SECURITY_SETTINGS = (
 )
 
 
-def readme_production_environment() -> dict[str, str]:
-    """The variables exported by the README's "Running in production" block."""
-    readme = (settings.BASE_DIR / "README.md").read_text()
-    section = readme.split("## Running in production", 1)[1]
+def documented_production_environment() -> dict[str, str]:
+    """The variables exported by the "Running in production" block of the deployment page."""
+    page = (settings.BASE_DIR / "docs" / "operations" / "deployment.md").read_text()
+    section = page.split("## Running in production", 1)[1]
     block = section.split("```sh", 1)[1].split("```", 1)[0]
     env: dict[str, str] = {}
     for line in block.splitlines():
         words = shlex.split(line, comments=True)
         if words[:1] == ["export"]:
             env.update(word.split("=", 1) for word in words[1:])
-    # The README leaves the key to the reader ("…"); a real one is long and random.
+    # The page leaves the key to the reader ("…"); a real one is long and random.
     assert env["SECRET_KEY"] == "…"
     env["SECRET_KEY"] = secrets.token_urlsafe(64)
     return env
@@ -66,8 +67,8 @@ def security_settings(env: dict[str, str]) -> dict[str, object]:
     return json.loads(result.stdout.splitlines()[-1])  # after the shell's own notice
 
 
-def test_the_readme_production_environment_passes_check_deploy():
-    env = readme_production_environment()
+def test_the_documented_production_environment_passes_check_deploy():
+    env = documented_production_environment()
 
     result = manage(env, "check", "--deploy", "--fail-level", "WARNING")
 
@@ -76,7 +77,7 @@ def test_the_readme_production_environment_passes_check_deploy():
 
 
 def test_without_https_check_deploy_warns_about_cookies_hsts_and_redirect():
-    env = readme_production_environment()
+    env = documented_production_environment()
     del env["AGENTRUN_HTTPS"]
 
     result = manage(env, "check", "--deploy", "--fail-level", "WARNING")
