@@ -296,7 +296,7 @@ def hybrid_tool(settings, tmp_path):
 
 @pytest.mark.django_db
 def test_the_hybrid_tool_of_the_tools_page_is_undone_when_its_run_fails(hybrid_tool, tmp_path):
-    from agentrun import services
+    from agentrun.lifecycle import services
     from tests.base import drive
 
     script = [
@@ -329,9 +329,29 @@ def test_the_hybrid_tool_holds_one_seat_per_key_and_refuses_a_blank_seat(hybrid_
     assert not Run.objects.exists()
 
 
+@pytest.mark.django_db
+def test_the_incident_regression_test_of_the_fleet_page_passes_on_the_fix(on_v1, monkeypatch):
+    from tests.fleet.scenario import deploy_v2
+
+    deploy_v2(monkeypatch)
+    monkeypatch.chdir(ROOT)  # the page's paths are the repository's
+    load_snippet("incident_regression_test.py").test_the_empty_order_incident_stays_fixed(None)
+
+
+@pytest.mark.django_db
+def test_the_incident_regression_test_of_the_fleet_page_fails_on_the_bug(on_v1, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    snippet = load_snippet("incident_regression_test.py")
+    with pytest.raises(AssertionError, match="still_failing"):
+        snippet.test_the_empty_order_incident_stays_fixed(None)
+
+
 # Every file of docs/snippets/ is run by a test here: the one that says so.
 SNIPPET_TESTS = {
     "hybrid_tool.py": test_the_hybrid_tool_of_the_tools_page_is_undone_when_its_run_fails,
+    "incident_regression_test.py": (
+        test_the_incident_regression_test_of_the_fleet_page_passes_on_the_fix
+    ),
 }
 
 
