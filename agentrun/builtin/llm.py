@@ -52,6 +52,7 @@ from agentrun.agents import (
     StepContext,
     register,
 )
+from agentrun.builtin import llm_requests
 from agentrun.security.redact import REDACTED, redact
 from agentrun.state import AgentState, history_to_messages, message_tokens, truncate_history
 from agentrun.tools import REGISTRY, get_tool
@@ -491,14 +492,14 @@ class LLMAgent(StateAgent):
         timeout = float(settings.AGENTRUN_LLM_TIMEOUT)
 
         history = history_to_messages(self.load(state))
-        messages = [dict(m) for m in truncate_history(history, budget)]
+        kept = truncate_history(history, budget)
+        position = {id(m): i for i, m in enumerate(history)}
+        sent = [position[id(m)] for m in kept]
+        messages = [dict(m) for m in kept]
         try:
             tools = tool_definitions(names)
         except KeyError as exc:  # the run's input named a tool that has since gone away
             raise AgentError(f"this run's tools: {exc.args[0]}", detail={"tools": names}) from None
-        request: dict[str, Any] = {"model": model, "messages": messages, "tools": names}
-        if len(messages) < len(history):
-            request["dropped_messages"] = len(history) - len(messages)
         where = {"model": model, "base_url": _public_url(base_url)}
 
         key = api_key()
@@ -551,7 +552,16 @@ class LLMAgent(StateAgent):
         # the decision covers them (a walk of the whole history less a step); only the
         # key itself, which no pattern knows, is replaced here.
         response = _clean(response, key)
-        request = _scrub(request, key)
+        # The request as a reference into the run's history (llm_requests): the messages
+        # are in the state already; the decision names which were sent.
+        request = llm_requests.reference(
+            run_id=ctx.run_id,
+            model=model,
+            names=names,
+            definitions=tools,
+            history_len=len(history),
+            sent=sent,
+        )
         decision = self._decision(response, model=model, names=names, where=where)
         usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
         tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")

@@ -13,10 +13,11 @@ from django.utils import timezone
 
 from agentrun import engine
 from agentrun.agents import AgentError, InvalidInput, StepContext, get_agent
+from agentrun.builtin import llm_requests
 from agentrun.builtin.llm import DEFAULT_CONTEXT_TOKENS, DEFAULT_SYSTEM_PROMPT, _public_url
 from agentrun.lifecycle import services
 from agentrun.models import Event, Run, Snapshot, Step, ToolCall
-from agentrun.state import AgentState
+from agentrun.state import AgentState, history_to_messages
 from agentrun.store import snapshots
 from agentrun.tools import REGISTRY
 from tests.base import drive
@@ -140,7 +141,10 @@ def test_tool_call_round_trip(fake):
     assert decision["rationale"] == "model fake-model chose to call echo"
     assert decision["llm"]["model"] == "fake-model"
     assert decision["llm"]["request"]["tools"] == ["echo", "sleep"]
-    assert decision["llm"]["request"]["messages"] == body["messages"]
+    # The request is a reference into the history: rebuilt, it is the bytes sent.
+    assert "messages" in decision["llm"]["request"]
+    assert llm_requests.rebuild(step1).bytes == fake.chat_requests()[0].body
+    assert llm_requests.rebuild(step2).bytes == fake.chat_requests()[1].body
     assert (
         decision["llm"]["response"]["choices"][0]["message"]["tool_calls"][0]["id"] == "call_echo_1"
     )
@@ -270,11 +274,10 @@ def test_secrets_in_the_models_answer_are_redacted_before_they_are_stored_or_use
 
 
 @pytest.mark.django_db
-def test_the_request_stored_with_a_decision_holds_no_secret_of_the_history(fake):
-    """The request's messages (the run's history) are stored with each decision. A
-    secret that redaction knows never reaches the history (the input is redacted); the
-    API key, which no pattern knows, may (a goal quoting it): it is sent to the model as
-    the run holds it, and replaced in the request stored."""
+def test_the_request_stored_with_a_decision_holds_no_message(fake):
+    """A decision records which messages of the run's history it sent, never the messages
+    (the history is stored once, in the state, redacted on its way in): no secret of the
+    history is in it, and no text of it at all."""
     token = "ghp_" + "Q7w2E9r4T6y1U8i3O5p0A2s4D6f8G1h3J5k7"
     fake.push(
         completion(tool_calls=[tool_call("echo", {"text": "hi"})]),
@@ -286,10 +289,12 @@ def test_the_request_stored_with_a_decision_holds_no_secret_of_the_history(fake)
     sent = [json.dumps(r.json["messages"]) for r in fake.chat_requests()]
     assert len(sent) == 2 and all(API_KEY in text for text in sent)
     for step in Step.objects.filter(run=run).order_by("number"):
-        stored = json.dumps(step.decision["llm"]["request"]["messages"])
-        assert "Echo hi" in stored and "[REDACTED]" in stored
-        for secret in (token, "hunter2-xyz", API_KEY):
-            assert secret not in stored
+        stored = json.dumps(step.decision["llm"]["request"])
+        assert "Echo hi" not in stored and "hunter2" not in stored and token not in stored
+        assert step.decision["llm"]["request"]["messages"] == [[0, 2 * step.number]]
+        rebuilt = llm_requests.rebuild(step)
+        assert rebuilt.bytes == fake.chat_requests()[step.number - 1].body
+        assert "[REDACTED]" in json.dumps(rebuilt.body)  # as the run holds it, and sent it
 
 
 @pytest.mark.django_db
@@ -599,7 +604,9 @@ def test_history_is_truncated_to_the_budget(fake):
     assert sent[0] == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT}
     assert sent[-1] == {"role": "user", "content": "more 19"}
     assert len(sent) < len(st.history)
-    assert decision.llm["request"]["messages"] == sent
+    history = history_to_messages(st)
+    kept = llm_requests.positions(decision.llm["request"]["messages"])
+    assert [history[i] for i in kept] == sent and kept[0] == 0  # the system message kept
     assert decision.llm["request"]["dropped_messages"] == len(st.history) - len(sent)
     assert DEFAULT_CONTEXT_TOKENS > 200
 
