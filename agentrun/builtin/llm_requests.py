@@ -3,8 +3,8 @@
 A request's messages are the run's history (the state's `history`, stored once, as the
 snapshot store's deltas) as it was before the step, cut to fit the context window. So a
 decision records which messages it sent (ranges of history positions), the model, the
-tools and their definitions (whole the first time this process records them for the run,
-then their digest), and how many messages fell out of the window; never the messages
+tools and their definitions (as JSON text, the first time this process records them for the
+run, then their digest), and how many messages fell out of the window; never the messages
 again. The cost of a decision's bookkeeping (its redaction, checks, hashing, storage) is
 then what the step added, not the whole context; and a fork, whose first snapshot is a
 reference into its parent's, shares its parent's messages up to the fork point.
@@ -92,7 +92,9 @@ def reference(
                 while len(_DEFINED) > _DEFINED_MAX:
                     _DEFINED.popitem(last=False)
         if not known:
-            request["definitions"] = definitions
+            # As text: a JSON column (jsonb) would reorder the keys, and the bytes sent
+            # follow the order the definitions were built in.
+            request["definitions"] = json.dumps(definitions)
     return request
 
 
@@ -125,7 +127,7 @@ class NotAnLLMStep(LookupError):
 
 def _definitions(step: Step, request: dict[str, Any]) -> list[dict[str, Any]] | None:
     if "definitions" in request:
-        return request["definitions"]
+        return json.loads(request["definitions"])
     wanted = request.get("definitions_digest")
     if not wanted:
         return None
@@ -139,7 +141,7 @@ def _definitions(step: Step, request: dict[str, Any]) -> list[dict[str, Any]] | 
         llm = (decision or {}).get("llm") or {}
         other = llm.get("request") or {}
         if other.get("definitions_digest") == wanted and "definitions" in other:
-            return other["definitions"]
+            return json.loads(other["definitions"])
     raise LookupError(
         f"step {step.number}: the tool definitions it sent ({wanted}) are on no earlier step"
     )
