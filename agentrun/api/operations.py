@@ -29,6 +29,7 @@ from pydantic import StringConstraints
 from agentrun.agents import InvalidInput
 from agentrun.api import schemas as s
 from agentrun.api.base import Api, ApiError
+from agentrun.builtin import llm_requests
 from agentrun.engine import inflight, versions
 from agentrun.lifecycle import archive, batches, retention, selection, services
 from agentrun.lifecycle import labels as run_labels
@@ -1168,3 +1169,62 @@ def promote_batch(
         raise ApiError(409 if not exc.field else 400, str(exc), field=exc.field) from None
     response["Location"] = f"/api/batches/{live.pk}"
     return Status(201, batch_json(live, 0, BATCH_RUNS_DEFAULT))
+
+
+# --- a model request, as it was sent --------------------------------------------------------
+
+
+@api.get(
+    "/runs/{run_id}/steps/{step}/request",
+    response={200: s.ModelRequest, **_errors(400, 401, 403, 404)},
+    summary="The request an `llm` step sent to the model, exactly, and what it added to the "
+    "previous one",
+)
+def get_model_request(
+    request: HttpRequest,
+    run_id: RunId,
+    step: Annotated[int, Path(ge=s.FIRST_STEP, le=MAX_STEP, description="The step number.")],
+) -> Any:
+    rebuilt, changed = _model_request(run_id, step)
+    return {
+        "run_id": run_id,
+        "step": step,
+        "exact": rebuilt.exact,
+        "body": rebuilt.body,
+        "bytes": len(rebuilt.bytes),
+        "positions": rebuilt.positions,
+        "previous_step": changed.previous,
+        "added": changed.added,
+        "dropped": changed.dropped,
+    }
+
+
+@api.get(
+    "/runs/{run_id}/steps/{step}/request/body",
+    response={200: dict[str, Any], **_errors(400, 401, 403, 404)},
+    summary="The body an `llm` step sent to the model, its exact bytes",
+)
+def get_model_request_body(
+    request: HttpRequest,
+    run_id: RunId,
+    step: Annotated[int, Path(ge=s.FIRST_STEP, le=MAX_STEP, description="The step number.")],
+) -> HttpResponse:
+    rebuilt, _ = _model_request(run_id, step)
+    return HttpResponse(rebuilt.bytes, content_type="application/json")
+
+
+def _model_request(run_id: Any, step: int) -> tuple[Any, Any]:
+    run = _get_run(run_id)
+    if run.purged_at is not None:
+        raise ApiError(404, f"run {run.pk} was purged by retention: its snapshots are gone")
+    row = Step.objects.filter(run=run, number=step).first()
+    if row is None:
+        raise ApiError(404, f"run {run.pk} has no step {step}")
+    try:
+        rebuilt = llm_requests.rebuild(row)
+        changed = llm_requests.changes(row)
+    except llm_requests.NotAnLLMStep as exc:
+        raise ApiError(404, str(exc)) from None
+    except LookupError as exc:
+        raise ApiError(404, f"the request can't be rebuilt: {exc}") from None
+    return rebuilt, changed

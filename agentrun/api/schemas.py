@@ -757,3 +757,29 @@ class Batch(Response):
 class BatchList(Response):
     items: list[Batch] = Field(description="Newest first; each without its runs.")
     count: int
+
+
+# --- a model request, as it was sent (agentrun.builtin.llm_requests) -------------------------
+
+
+class ModelRequest(Response):
+    run_id: UUID
+    step: int
+    exact: bool = Field(
+        description="Rebuilt byte for byte from the run's history (true), or a request "
+        "recorded whole before requests were references (false: its body as stored)."
+    )
+    body: dict[str, Any] = Field(
+        description="The request's JSON body as it was sent: model, messages, tools "
+        "(`.../request/body` answers its exact bytes)."
+    )
+    bytes: int = Field(description="The size of the body as sent.")
+    positions: list[int] = Field(description="Where its messages are in the run's history.")
+    previous_step: int | None = Field(description="The step of the run's previous request.")
+    added: list[int] = Field(
+        description="History positions sent now and not in the previous request."
+    )
+    dropped: list[int] = Field(
+        description="History positions of the previous request left out of this one (the "
+        "context window)."
+    )

@@ -698,3 +698,23 @@ def test_start_run_refuses_invalid_input_and_writes_nothing():
     with pytest.raises(InvalidInput, match="tools\\[0\\]: unknown tool 'nope'"):
         services.start_run("llm", {"goal": "g", "tools": ["nope"]})
     assert not Run.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_api_shows_a_steps_request_exactly_and_what_it_added(fake):
+    from django.test import Client
+
+    from tests.base import make_people
+
+    fake.push(completion(tool_calls=[tool_call("echo", {"text": "hi"})]), completion("done"))
+    run = drive(start())
+    client = Client()
+    client.force_login(make_people()["viewer"])
+    raw = client.get(f"/api/runs/{run.pk}/steps/2/request/body")
+    assert raw.status_code == 200 and raw.content == fake.chat_requests()[1].body
+    shown = client.get(f"/api/runs/{run.pk}/steps/2/request").json()
+    assert shown["exact"] is True and shown["bytes"] == len(raw.content)
+    assert (shown["previous_step"], shown["added"], shown["dropped"]) == (1, [2, 3], [])
+    assert shown["body"]["messages"][-1]["role"] == "tool"
+    missing = client.get(f"/api/runs/{run.pk}/steps/9/request")
+    assert missing.status_code == 404 and "no step 9" in missing.json()["detail"]
