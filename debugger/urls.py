@@ -29,6 +29,11 @@ urlpatterns = [
     path("runs/<uuid:run_id>/watch/", views.watch_value, name="run-watch"),
     path("runs/<uuid:run_id>/steps/<int:number>/", views.run_detail, name="run-step"),
     path("runs/<uuid:run_id>/steps/<int:number>/diff/", views.step_diff, name="step-diff"),
+    path(
+        "runs/<uuid:run_id>/steps/<int:number>/request/",
+        views.model_request,
+        name="step-request",
+    ),
     path("runs/<uuid:run_id>/steps/<int:number>/<at:at>/", views.snapshot, name="snapshot"),
     path("runs/<uuid:run_id>/steps/<int:number>/<at:at>/fork/", views.fork, name="run-fork"),
     path(

@@ -20,6 +20,7 @@ from django_htmx.http import HttpResponseStopPolling
 from django_htmx.middleware import HtmxDetails
 
 from agentrun.agents import InvalidInput, get_agent
+from agentrun.builtin import llm_requests
 from agentrun.engine import inflight
 from agentrun.lifecycle import services
 from agentrun.lifecycle.runids import RunIdError, resolve_run
@@ -1103,3 +1104,48 @@ def run_export(request: HttpRequest, run_id: Any) -> StreamingHttpResponse:
         return HttpResponse(problem, status=409, content_type="text/plain")
     ancestors = request.GET.get("ancestors", "") in ("1", "true", "yes")
     return archive_response(run, ancestors=ancestors, user=request.user)
+
+
+# --- an llm step's request, as it was sent ------------------------------------------------
+
+
+@role_required
+def model_request(request: HtmxHttpRequest, run_id: Any, number: int) -> HttpResponse:
+    """The request the step sent to the model, rebuilt from the run's history, with what it
+    added to the previous request and what fell out of the context window."""
+    run = get_run_for(request, run_id)
+    step = get_object_or_404(Step, run=run, number=number)
+    if run.purged_at is not None:
+        raise Http404("the run was purged by retention: its snapshots are gone")
+    try:
+        rebuilt = llm_requests.rebuild(step)
+        changed = llm_requests.changes(step)
+    except llm_requests.NotAnLLMStep:
+        raise Http404("this step sent no request to a model") from None
+    except LookupError as exc:
+        return render(
+            request, "debugger/model_request.html", {"run": run, "step": step, "problem": exc}
+        )
+    if request.GET.get("raw"):
+        return HttpResponse(rebuilt.bytes, content_type="application/json; charset=utf-8")
+    added, dropped = set(changed.added), set(changed.dropped)
+    sent = [
+        {"position": pos, "message": msg, "new": pos in added}
+        for pos, msg in zip(rebuilt.positions or [None] * len(rebuilt.body["messages"]),
+                            rebuilt.body["messages"], strict=True)
+    ]  # fmt: skip
+    context = {
+        "run": run,
+        "step": step,
+        "rebuilt": rebuilt,
+        "size": len(rebuilt.bytes),
+        "sent": sent,
+        "dropped": [
+            {"position": pos, "message": rebuilt.history[pos]}
+            for pos in sorted(dropped)
+            if pos < len(rebuilt.history)
+        ],
+        "changed": changed,
+        "others": {k: v for k, v in rebuilt.body.items() if k != "messages"},
+    }
+    return render(request, "debugger/model_request.html", context)
