@@ -100,6 +100,10 @@ class Run(models.Model):
     final_answer = models.TextField(blank=True)
     tokens_in = models.IntegerField(default=0)
     tokens_out = models.IntegerField(default=0)
+    # Input tokens the provider served from its prompt cache (part of tokens_in), and what
+    # the run's model calls cost at AGENTRUN_LLM_PRICES when they were made (US dollars).
+    tokens_cached = models.IntegerField(default=0, db_default=0)
+    cost_usd = models.FloatField(default=0.0, db_default=0.0)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -293,6 +297,9 @@ class Step(models.Model):
     failure = models.JSONField(null=True, blank=True)
     tokens_in = models.IntegerField(default=0)
     tokens_out = models.IntegerField(default=0)
+    tokens_cached = models.IntegerField(default=0, db_default=0)
+    # Null: no price for the step's model (or no model call).
+    cost_usd = models.FloatField(null=True, blank=True)
     llm_latency_ms = models.FloatField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
     state_size = models.IntegerField(null=True, blank=True)

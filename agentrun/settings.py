@@ -296,6 +296,10 @@ AGENTRUN_CHAIN_SECONDS = env_float("AGENTRUN_CHAIN_SECONDS", 30.0)
 # The LLM agent: OpenAI-compatible chat completions. The key is read at call
 # time from the environment and never stored.
 AGENTRUN_LLM_BASE_URL = env("AGENTRUN_LLM_BASE_URL", "https://api.openai.com/v1")
+# Prices per million tokens, by model, for the cost of runs: JSON such as
+# {"gpt-4o-mini": {"input": 0.15, "output": 0.6, "cached_input": 0.075}} (cached_input:
+# the input tokens the provider served from its cache; default the input price).
+AGENTRUN_LLM_PRICES = env("AGENTRUN_LLM_PRICES", "{}")
 AGENTRUN_LLM_MODEL = env("AGENTRUN_LLM_MODEL", "gpt-4o-mini")
 AGENTRUN_LLM_TIMEOUT = env_float("AGENTRUN_LLM_TIMEOUT", 60.0)
 # Requests in flight to the provider per process: more steps than this wait their turn

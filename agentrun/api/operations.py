@@ -201,6 +201,8 @@ def summary_json(run: Run) -> dict[str, Any]:
         "final_answer": run.final_answer,
         "tokens_in": run.tokens_in,
         "tokens_out": run.tokens_out,
+        "tokens_cached": run.tokens_cached,
+        "cost_usd": run.cost_usd,
         "labels": run_labels.of(run),
         **retention_json(run),
         "imported_at": run.imported_at,
@@ -261,6 +263,10 @@ def _step(step: Step) -> dict[str, Any]:
         "finished_at": step.finished_at,
         "worker": step.worker,
         "code_version": step.code_version,
+        "tokens_in": step.tokens_in,
+        "tokens_out": step.tokens_out,
+        "tokens_cached": step.tokens_cached,
+        "cost_usd": step.cost_usd,
         "tool_calls": [_tool_call(tc) for tc in step.tool_calls.all()],
     }
 

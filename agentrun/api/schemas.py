@@ -239,6 +239,13 @@ class RunSummary(Response):
     final_answer: str
     tokens_in: int
     tokens_out: int
+    tokens_cached: int = Field(
+        default=0, description="Input tokens the provider served from its prompt cache."
+    )
+    cost_usd: float = Field(
+        default=0.0,
+        description="What the run's model calls cost at AGENTRUN_LLM_PRICES (US dollars).",
+    )
     labels: dict[str, str] = Field(
         description="The run's labels, by key. A fork has its parent's, and "
         f"`{run_labels.FORKED_FROM}`: the parent's id, its first 8 characters."
@@ -312,6 +319,10 @@ class Step(Response):
     finished_at: datetime | None
     worker: str = Field(description="The worker of the step's last attempt.")
     code_version: str = Field(description="The code version of that worker.")
+    tokens_in: int
+    tokens_out: int
+    tokens_cached: int
+    cost_usd: float | None = Field(description="Null: no price for the step's model.")
     tool_calls: list[ToolCall]
 
 
@@ -728,6 +739,9 @@ class BatchCounts(Response):
         description="pending (not forked yet), running, succeeded, failed, cancelled, skipped."
     )
     verdicts: dict[str, int]
+    spent: dict[str, float] = Field(
+        description="What the batch's forks used: tokens_in, tokens_out, cost_usd."
+    )
 
 
 class Batch(Response):

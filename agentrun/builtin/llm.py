@@ -52,7 +52,7 @@ from agentrun.agents import (
     StepContext,
     register,
 )
-from agentrun.builtin import llm_requests
+from agentrun.builtin import llm_costs, llm_requests
 from agentrun.security.redact import REDACTED, redact
 from agentrun.state import AgentState, history_to_messages, message_tokens, truncate_history
 from agentrun.tools import REGISTRY, get_tool
@@ -565,6 +565,8 @@ class LLMAgent(StateAgent):
         decision = self._decision(response, model=model, names=names, where=where)
         usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
         tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
         llm: dict[str, Any] = {
             "model": model,
             "base_url": where["base_url"],
@@ -581,6 +583,13 @@ class LLMAgent(StateAgent):
             llm["tokens_in"] = sum(message_tokens(m) for m in messages)
             llm["tokens_out"] = message_tokens(_first_message(response) or {})
             llm["tokens_estimated"] = True
+        if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0:
+            llm["tokens_cached"] = min(cached, llm["tokens_in"])
+        price = llm_costs.cost(
+            model, llm["tokens_in"], llm["tokens_out"], llm.get("tokens_cached", 0)
+        )
+        if price is not None:
+            llm["cost_usd"] = price
         decision.llm = llm
         log.debug(
             "llm %s step %s of %s: %s, %s tokens in, %s out, %.0f ms",

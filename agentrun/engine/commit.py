@@ -163,6 +163,13 @@ def _write_post(
         "tokens_out": rawsql.Sql(
             f"tokens_out + {rawsql.slot(Run, 'tokens_out')}", (int(llm.get("tokens_out", 0)),)
         ),
+        "tokens_cached": rawsql.Sql(
+            f"tokens_cached + {rawsql.slot(Run, 'tokens_cached')}",
+            (int(llm.get("tokens_cached", 0)),),
+        ),
+        "cost_usd": rawsql.Sql(
+            f"cost_usd + {rawsql.slot(Run, 'cost_usd')}", (float(llm.get("cost_usd") or 0.0),)
+        ),
         "updated_at": now,
     }
     if terminal:

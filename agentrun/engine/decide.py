@@ -105,6 +105,8 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
             "decision_count": rawsql.Sql("decision_count + 1"),
             "tokens_in": llm.get("tokens_in", 0),
             "tokens_out": llm.get("tokens_out", 0),
+            "tokens_cached": llm.get("tokens_cached", 0),
+            "cost_usd": llm.get("cost_usd"),
             "llm_latency_ms": llm.get("latency_ms", latency),
         },
     )

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min, Q, Sum
 from django.utils import timezone
 
 from agentrun.agents import InvalidInput
@@ -600,6 +600,9 @@ def counts(batch: ReplayBatch) -> dict[str, dict[str, int]]:
         else:
             state = status
         by_state[state] = by_state.get(state, 0) + n
+    spent = Run.objects.filter(batch=batch).aggregate(
+        tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out"), cost_usd=Sum("cost_usd")
+    )
     by_verdict: dict[str, int] = dict.fromkeys(Verdict.values, 0)
     for value, n in (
         BatchItem.objects.filter(batch=batch)
@@ -609,7 +612,11 @@ def counts(batch: ReplayBatch) -> dict[str, dict[str, int]]:
         .order_by()
     ):
         by_verdict[value] = n
-    return {"runs": by_state, "verdicts": by_verdict}
+    return {
+        "runs": by_state,
+        "verdicts": by_verdict,
+        "spent": {k: v or 0 for k, v in spent.items()},
+    }
 
 
 def by_verdict(batch: ReplayBatch) -> dict[str, list[BatchItem]]:

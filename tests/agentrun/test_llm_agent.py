@@ -718,3 +718,46 @@ def test_the_api_shows_a_steps_request_exactly_and_what_it_added(fake):
     assert shown["body"]["messages"][-1]["role"] == "tool"
     missing = client.get(f"/api/runs/{run.pk}/steps/9/request")
     assert missing.status_code == 404 and "no step 9" in missing.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_tokens_cached_and_cost_per_step_and_run_at_the_configured_prices(fake, settings):
+    settings.AGENTRUN_LLM_PRICES = json.dumps(
+        {"fake-model": {"input": 2.0, "output": 8.0, "cached_input": 0.5}}
+    )
+    first = completion(
+        tool_calls=[tool_call("echo", {"text": "hi"})], prompt_tokens=20, completion_tokens=5
+    )
+    first["usage"]["prompt_tokens_details"] = {"cached_tokens": 10}
+    fake.push(first, completion("done", prompt_tokens=40, completion_tokens=6))
+    run = drive(start())
+    step1, step2 = run.steps.order_by("number")
+    assert (step1.tokens_in, step1.tokens_out, step1.tokens_cached) == (20, 5, 10)
+    assert step1.cost_usd == pytest.approx((10 * 2.0 + 10 * 0.5 + 5 * 8.0) / 1e6)
+    assert step2.cost_usd == pytest.approx((40 * 2.0 + 6 * 8.0) / 1e6)
+    assert run.tokens_cached == 10
+    assert run.cost_usd == pytest.approx(step1.cost_usd + step2.cost_usd)
+
+
+@pytest.mark.django_db
+def test_a_model_without_a_price_costs_nothing_known(fake, settings):
+    settings.AGENTRUN_LLM_PRICES = json.dumps({"another-model": {"input": 1, "output": 1}})
+    fake.push(completion("done"))
+    run = drive(start())
+    assert run.steps.get().cost_usd is None and run.cost_usd == 0
+
+
+def test_a_bad_price_table_is_a_clear_configuration_error(settings):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from agentrun.builtin import llm_costs
+
+    for bad, said in [
+        ("{", "not JSON"),
+        ('{"m": {"input": 1}}', "needs input and output"),
+        ('{"m": {"input": 1, "output": -1}}', "0 or more"),
+        ('{"m": {"input": 1, "output": 1, "cache": 1}}', "unknown cache"),
+    ]:
+        settings.AGENTRUN_LLM_PRICES = bad
+        with pytest.raises(ImproperlyConfigured, match=said):
+            llm_costs.prices()
