@@ -85,6 +85,22 @@ def _prepare_the_llm_client() -> None:
     llm.prepare()
 
 
+# Each step waiting on a model keeps its thread's connection to the provider open: a worker
+# of thousands of threads needs thousands of file descriptors, more than the usual soft
+# limit of 1,024. Raised to the hard limit, as far as the threads need it.
+@worker_init.connect
+def _allow_a_socket_per_thread(**_: Any) -> None:
+    import resource
+
+    from django.conf import settings
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 2 * settings.AGENTRUN_WORKER_CONCURRENCY + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, ceiling), hard))
+
+
 @worker_init.connect
 def _start_preparing_the_llm_client(**_: Any) -> None:
     import threading

@@ -217,7 +217,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 # (whether it is the embedded default or named by a sqlite:/// DATABASE_URL).
 CELERY_WORKER_POOL = env("AGENTRUN_WORKER_POOL", "threads")
 _SQLITE = DATABASES["default"]["ENGINE"].endswith("sqlite3")
-AGENTRUN_WORKER_CONCURRENCY = env_int("AGENTRUN_WORKER_CONCURRENCY", 8 if _SQLITE else 500)
+# A step waiting on a model holds a thread and about 110 KB (bench/bench_waiting.py: the
+# worker's RSS over the steps waiting, 200 to 1,000 of them), and no database connection:
+# 3,000 waiting steps are about 0.5 GB. SQLite has one writer: a few threads.
+AGENTRUN_WORKER_CONCURRENCY = env_int("AGENTRUN_WORKER_CONCURRENCY", 8 if _SQLITE else 3000)
 CELERY_WORKER_CONCURRENCY = AGENTRUN_WORKER_CONCURRENCY
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -304,7 +307,8 @@ AGENTRUN_LLM_MODEL = env("AGENTRUN_LLM_MODEL", "gpt-4o-mini")
 AGENTRUN_LLM_TIMEOUT = env_float("AGENTRUN_LLM_TIMEOUT", 60.0)
 # Requests in flight to the provider per process: more steps than this wait their turn
 # (holding no database connection) instead of stampeding the provider.
-AGENTRUN_LLM_MAX_CONCURRENCY = env_int("AGENTRUN_LLM_MAX_CONCURRENCY", 500)
+# Model requests in flight per process at most; by default as many as the steps in flight.
+AGENTRUN_LLM_MAX_CONCURRENCY = env_int("AGENTRUN_LLM_MAX_CONCURRENCY", AGENTRUN_WORKER_CONCURRENCY)
 # Each worker process keeps the latest state of the runs it works on, up to this size.
 AGENTRUN_STATE_CACHE_MB = env_int("AGENTRUN_STATE_CACHE_MB", 256)
 # Each web process keeps the text of the tool calls of the runs searched last (a

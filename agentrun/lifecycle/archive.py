@@ -480,8 +480,10 @@ def _records(stream: IO[bytes], sha: Any = None) -> Iterator[tuple[int, dict[str
 
 _REQUIRED = object()
 #: Fields added after the format's first version: an archive from before them imports
-#: with their defaults (no code version recorded).
-_ADDED_LATER = frozenset({"created_version", "target_version", "code_version"})
+#: with their defaults (no code version, no cached tokens or cost recorded).
+_ADDED_LATER = frozenset(
+    {"created_version", "target_version", "code_version", "tokens_cached", "cost_usd"}
+)
 
 
 @dataclass(frozen=True)
