@@ -53,10 +53,16 @@ class Counters:
 
 class FakeLLM:
     def __init__(
-        self, latency: float, tool_turns: int, rate_limited: float, retry_after: float
+        self,
+        latency: float,
+        tool_turns: int,
+        rate_limited: float,
+        retry_after: float,
+        tool: str = "echo",
     ) -> None:
         self.latency = latency
         self.tool_turns = tool_turns
+        self.tool = tool
         self.rate_limited = rate_limited
         self.retry_after = retry_after
         self.counters = Counters()
@@ -128,12 +134,13 @@ class FakeLLM:
         message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
         if tools_seen < self.tool_turns:
             self.counters.tool_calls += 1
-            args = json.dumps({"text": f"turn {tools_seen + 1}"})
+            turn = tools_seen + 1
+            args = json.dumps({"text": f"turn {turn}"} if self.tool == "echo" else {"n": turn})
             message["tool_calls"] = [
                 {
                     "id": f"call_{self._ids}",
                     "type": "function",
-                    "function": {"name": "echo", "arguments": args},
+                    "function": {"name": self.tool, "arguments": args},
                 }
             ]
             finish = "tool_calls"
@@ -190,7 +197,7 @@ def _response(status: int, payload: Any, headers: dict[str, str], close: bool) -
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    fake = FakeLLM(args.latency, args.tool_turns, args.rate_limited, args.retry_after)
+    fake = FakeLLM(args.latency, args.tool_turns, args.rate_limited, args.retry_after, args.tool)
     server = await asyncio.start_server(fake.serve, args.host, args.port, backlog=4096)
     port = server.sockets[0].getsockname()[1]
     print(f"listening on http://{args.host}:{port}/v1", flush=True)
@@ -203,7 +210,10 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: any free port")
     p.add_argument("--latency", type=float, default=1.0, help="seconds before each answer")
-    p.add_argument("--tool-turns", type=int, default=2, help="echo calls before the answer")
+    p.add_argument("--tool-turns", type=int, default=2, help="tool calls before the answer")
+    p.add_argument(
+        "--tool", default="echo", help='the tool to call: echo {"text"}, any other {"n": turn}'
+    )
     p.add_argument("--rate-limited", type=float, default=0.0, help="fraction answered 429")
     p.add_argument("--retry-after", type=float, default=1.0, help="Retry-After of a 429, s")
     with contextlib.suppress(KeyboardInterrupt):
