@@ -761,3 +761,37 @@ def test_a_bad_price_table_is_a_clear_configuration_error(settings):
         settings.AGENTRUN_LLM_PRICES = bad
         with pytest.raises(ImproperlyConfigured, match=said):
             llm_costs.prices()
+
+
+@pytest.mark.django_db
+def test_an_exported_llm_run_imported_elsewhere_rebuilds_the_same_requests(fake, tmp_path):
+    import hashlib
+    import subprocess
+    import sys
+
+    from agentrun.lifecycle import archive
+    from tests.workers import ROOT, worker_env
+
+    fake.push(completion(tool_calls=[tool_call("echo", {"text": "hi"})]), completion("done"))
+    run = drive(start())
+    here = [
+        hashlib.sha256(llm_requests.rebuild(s).bytes).hexdigest()
+        for s in run.steps.order_by("number")
+    ]
+    path = tmp_path / "run.agentrun.jsonl.gz"
+    path.write_bytes(b"".join(archive.export_chunks(run)))
+    elsewhere = worker_env(AGENTRUN_VAR_DIR=str(tmp_path / "elsewhere"))
+    elsewhere.pop("DATABASE_URL")  # an embedded database of its own
+    script = (
+        "import hashlib; from agentrun.models import Step; "
+        "from agentrun.builtin import llm_requests; "
+        f"print([hashlib.sha256(llm_requests.rebuild(s).bytes).hexdigest() for s in "
+        f"Step.objects.filter(run_id='{run.pk}').order_by('number')])"
+    )
+    for command in (["migrate", "-v0"], ["importrun", str(path)], ["shell", "-c", script]):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *command], cwd=ROOT, env=elsewhere,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str(here)
