@@ -9,6 +9,7 @@ from django.db.models import Q, QuerySet
 
 from agentrun.engine import inflight
 from agentrun.lifecycle import labels as run_labels
+from agentrun.lifecycle import selection as runs_selection
 from agentrun.lifecycle.runids import RunIdError, resolve_run
 from agentrun.models import Event, Run, RunStatus, ToolCall
 from agentrun.security.storable import check_storable
@@ -39,6 +40,10 @@ class DateRangeMixin(forms.Form):
 
 
 class RunFilterForm(DateRangeMixin):
+    """The run list's filter. Which runs it selects is agentrun.lifecycle.selection's
+    definition, shared with the API and replay batches; the form draws the fields and
+    reads what was typed."""
+
     q = forms.CharField(
         required=False,
         label="Search",
@@ -55,28 +60,62 @@ class RunFilterForm(DateRangeMixin):
     label = forms.CharField(required=False, label="Label")
     # ?pinned=1, the runs kept from retention.
     pinned = forms.BooleanField(required=False, label="Pinned only")
+    error = forms.CharField(
+        required=False,
+        label="Error",
+        max_length=200,
+        widget=forms.TextInput(attrs={"placeholder": "text in the error", "type": "search"}),
+    )
+    version = forms.CharField(
+        required=False,
+        label="Version",
+        max_length=64,
+        widget=forms.TextInput(attrs={"placeholder": "code version", "list": "run-versions"}),
+    )
+    tool_failed = forms.CharField(
+        required=False,
+        label="Tool failed",
+        max_length=100,
+        widget=forms.TextInput(attrs={"placeholder": "a call to it failed", "list": "run-tools"}),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         agents = Run.objects.order_by("agent").values_list("agent", flat=True).distinct()
         cast(forms.ChoiceField, self.fields["agent"]).choices = _choices(agents, "any agent")
+        self.selection: runs_selection.Selection | None = None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not self.errors:
+            try:
+                self.selection = runs_selection.parse(self.query())
+            except runs_selection.SelectionError as exc:
+                self.add_error(exc.field if exc.field in self.fields else None, str(exc))
+        return data
+
+    def query(self) -> dict[str, Any]:
+        """The filter as the run list's parameters, without the empty ones: what
+        agentrun.lifecycle.selection reads, and what a link to these runs carries."""
+        data = self.cleaned_data
+        out: dict[str, Any] = {
+            name: data[name].strip()
+            for name in ("q", "status", "agent", "error", "version", "tool_failed")
+            if data.get(name, "").strip()
+        }
+        if data.get("label"):
+            out["label"] = list(data["label"])
+        if data.get("pinned"):
+            out["pinned"] = "1"
+        for name in ("since", "until"):
+            if data.get(name):
+                out[name] = data[name].isoformat()
+        return out
 
     def filter(self, runs: QuerySet[Run]) -> QuerySet[Run]:
-        if not self.is_valid():
+        if not self.is_valid() or self.selection is None:
             return runs.none()
-        data = self.cleaned_data
-        if data["status"] == "active":
-            runs = runs.active()  # type: ignore[attr-defined]
-        elif data["status"]:
-            runs = runs.filter(status=data["status"])
-        if data["agent"]:
-            runs = runs.filter(agent=data["agent"])
-        runs = runs.filter(self.date_q("created_at"))
-        if data["q"]:
-            runs = runs.filter(_search_q(data["q"].strip()))
-        if data.get("pinned"):
-            runs = runs.filter(pinned_at__isnull=False)
-        return run_labels.filter_runs(runs, data["label"])
+        return self.selection.apply(runs)
 
     def clean_label(self) -> list[str]:
         """Every ?label= of the query (blank ones ignored), each `key=value` or `key`."""
@@ -91,19 +130,6 @@ class RunFilterForm(DateRangeMixin):
                 raise forms.ValidationError(str(exc)) from None
             found.append(text)
         return found
-
-
-def _search_q(text: str) -> Q:
-    try:
-        return Q(pk=UUID(text))
-    except ValueError:
-        pass
-    q = Q(input__icontains=text)
-    compact = text.replace("-", "").lower()
-    if len(compact) >= 4 and all(c in "0123456789abcdef" for c in compact):
-        # A run id prefix, as shown in the list (first 8 characters).
-        q |= Q(pk__startswith=text.lower())
-    return q
 
 
 class AuditFilterForm(DateRangeMixin):

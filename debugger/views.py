@@ -23,10 +23,11 @@ from agentrun.agents import InvalidInput, get_agent
 from agentrun.engine import inflight
 from agentrun.lifecycle import services
 from agentrun.lifecycle.runids import RunIdError, resolve_run
-from agentrun.models import RETRY_EVENTS, Event, Run, Snapshot, Step
+from agentrun.models import RETRY_EVENTS, Event, Run, Snapshot, Step, Worker
 from agentrun.security.redact import redact
 from agentrun.store import watch
 from agentrun.store.delta import state_hash
+from agentrun.tools import REGISTRY as TOOLS
 from debugger import audit as audit_log
 from debugger import charts, compare, forks, timeline
 from debugger.access import abilities, get_run_for, role_required
@@ -112,7 +113,12 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         if request.GET.get("v") == token and active:
             return HttpResponse(status=204)
         return _stop_polling_unless(active, render(request, "debugger/run_list.html#rows", context))
-    return render(request, "debugger/run_list.html", {**context, **_inflight_counts()})
+    context.update(
+        _inflight_counts(),
+        known_versions=sorted(set(Worker.objects.values_list("version", flat=True))),
+        tools=sorted(TOOLS),
+    )
+    return render(request, "debugger/run_list.html", context)
 
 
 def _inflight_counts() -> dict[str, Any]:
