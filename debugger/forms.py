@@ -370,3 +370,114 @@ class PinForm(forms.Form):
         max_length=2000,
         error_messages={"required": "a pin needs a reason, e.g. the incident it is kept for"},
     )
+
+
+# --- replay batches ------------------------------------------------------------------
+
+#: (value, name, what it means): where each run of a batch is forked from.
+BATCH_STARTS = (
+    ("before-failure", "Before its failure", "the pre state of its first failed step"),
+    ("start", "From its start", "the pre state of its first step"),
+    ("tool", "Before a tool", "the pre state of the step of its first call to this tool"),
+    ("step", "At a step", "the pre state of this step number"),
+)
+
+# Which form field a batches.BatchError is about ("filter": the run list's, shown above).
+BATCH_ERROR_FIELDS = {
+    "from": "start_from",
+    "mode": "mode",
+    "version": "version",
+    "name": "name",
+    "reason": "reason",
+    "max_in_flight": "max_in_flight",
+    "confirm_live": "confirm_live",
+}
+
+
+class RefusalMixin(forms.Form):
+    def refuse(self, exc: Exception) -> None:
+        """A refusal from the runtime (a BatchError), next to the field it is about."""
+        name = BATCH_ERROR_FIELDS.get(getattr(exc, "field", ""))
+        if name not in self.fields:
+            name = None
+        message = str(exc)
+        message = message[:1].upper() + message[1:]
+        if message not in self.errors.get(name or "__all__", []):
+            self.add_error(name, message)
+
+
+class BatchForm(RefusalMixin):
+    """A replay batch's options; the runs are the run list's filter, in the page's address.
+    What is allowed is agentrun.lifecycle.batches' to say: its BatchError lands on a field."""
+
+    start_from = forms.ChoiceField(
+        choices=[(value, name) for value, name, _ in BATCH_STARTS],
+        initial="before-failure",
+        error_messages={"required": "Choose where each run is forked from."},
+    )
+    tool = forms.CharField(
+        required=False,
+        max_length=100,
+        widget=forms.TextInput(attrs={"placeholder": "tool name", "list": "batch-tools"}),
+    )
+    step = forms.IntegerField(
+        required=False,
+        min_value=1,
+        widget=forms.NumberInput(attrs={"placeholder": "step"}),
+    )
+    mode = forms.ChoiceField(
+        choices=[(value, name) for value, name, _ in FORK_MODES],
+        initial="sandbox",
+        error_messages={"required": "Choose a replay mode."},
+    )
+    version = forms.CharField(
+        required=False,
+        max_length=100,
+        widget=forms.TextInput(attrs={"placeholder": "any worker", "list": "batch-versions"}),
+    )
+    name = forms.CharField(
+        required=False,
+        max_length=1000,
+        widget=forms.TextInput(attrs={"placeholder": "e.g. the incident it repairs"}),
+    )
+    reason = forms.CharField(required=False, max_length=4000)
+    max_in_flight = forms.IntegerField(required=False, min_value=1, max_value=10_000)
+    confirm_live = forms.BooleanField(required=False)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        kind = data.get("start_from")
+        if kind == "tool" and not data.get("tool", "").strip():
+            self.add_error("tool", "Name the tool: each run is forked before its first call to it.")
+        if kind == "step" and data.get("step") is None and "step" not in self.errors:
+            self.add_error("step", "Give the step number each run is forked at.")
+        return data
+
+    def start(self) -> Any:
+        """Where each run is forked from, as agentrun.lifecycle.batches reads it."""
+        data = self.cleaned_data
+        if data["start_from"] == "tool":
+            return {"tool": data["tool"].strip()}
+        if data["start_from"] == "step":
+            return {"step": data["step"]}
+        return data["start_from"]
+
+    def options(self) -> dict[str, Any]:
+        """batches.create's keyword arguments, from what was typed."""
+        data = self.cleaned_data
+        return {
+            "mode": data["mode"],
+            "version": data["version"].strip() or None,
+            "name": data["name"],
+            "reason": data["reason"],
+            "max_in_flight": data["max_in_flight"],
+            "confirm_live": data["confirm_live"],
+        }
+
+
+class PromoteForm(RefusalMixin):
+    """Promote a batch: replay live, as a new batch, the runs whose fork succeeded."""
+
+    name = forms.CharField(required=False, max_length=1000)
+    reason = forms.CharField(required=False, max_length=4000)
+    confirm_live = forms.BooleanField(required=False)
