@@ -32,7 +32,7 @@ from agentrun.store import watch
 from agentrun.store.delta import state_hash
 from agentrun.tools import REGISTRY as TOOLS
 from debugger import audit as audit_log
-from debugger import charts, compare, forks, progress, timeline
+from debugger import charts, compare, forks, progress, timeline, versions
 from debugger.access import abilities, check, get_batch_for, get_run_for, role_required
 from debugger.diffs import SnapshotRef, StateDiff, diff_states
 from debugger.forms import (
@@ -159,11 +159,19 @@ def now(request: HtmxHttpRequest) -> HttpResponse:
         "no_worker": inflight.NO_WORKER,
         "max_limit": inflight.MAX_LIMIT,
         "poll_url": request.get_full_path(),
+        **_workers_context(),
         **abilities(request),
     }
     if _fragment(request, "now-body"):
         return render(request, "debugger/now.html#body", context)
     return render(request, "debugger/now.html", context)
+
+
+def _workers_context() -> dict[str, Any]:
+    """The live workers with their versions, and the runs none of them will claim."""
+    workers = alive_workers()
+    waiting, waiting_total = versions.waiting_for_a_worker(workers)
+    return {"workers": workers, "waiting": waiting, "waiting_total": waiting_total}
 
 
 # --- run detail -------------------------------------------------------------------------
@@ -257,6 +265,7 @@ def _run_context(
         "size_chart": charts.size_line(points),
         "waited_ms": sum(p.backoff_ms + p.wait_ms for p in points),
         "version": timeline.version(run),
+        "versions": versions.of_run(run),
         "phases": [p for p in PHASES if p != "waiting"],  # "waiting" is the mark's entry
         "cancel_form": CancelForm(),
         **abilities(request),
@@ -734,6 +743,7 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         selected=selected,
         step_url=f"{request.path}?{query.urlencode()}",
         fork_point=forks.fork_point(run),
+        ran_on=versions.compared(other, run),
         **_step_diff(cmp, selected),
     )
     if _fragment(request, "compare-diff"):
