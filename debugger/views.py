@@ -1187,26 +1187,30 @@ def batch_new(request: HtmxHttpRequest) -> HttpResponse:
             found = progress.preview(plan)
         except batches.BatchError as exc:
             form.refuse(exc)
-    context = {
+    context = {**_batch_new_context(runs, form), "found": found, **abilities(request)}
+    if _fragment(request, "batch-form"):
+        # Refused or not, the answer is the form: htmx swaps in a 200 (not a 400).
+        return render(request, "debugger/batch_new.html#form", context)
+    status = 400 if form.errors or runs.errors else 200
+    return render(request, "debugger/batch_new.html", context, status=status)
+
+
+def _batch_new_context(runs: RunFilterForm, form: BatchForm) -> dict[str, Any]:
+    """The new batch page around its form: the runs chosen, the choices, who is alive."""
+    query = runs.query() if runs.is_valid() else {}
+    return {
         "runs": runs,
         "form": form,
-        "found": found,
         "matching": runs.filter(Run.objects.all()).count() if runs.is_valid() else 0,
-        "filter_parts": progress.filter_parts(runs.query()) if runs.is_valid() else [],
-        "run_list_url": progress.run_list_url(runs.query() if runs.is_valid() else {}),
+        "filter_parts": progress.filter_parts(query),
+        "run_list_url": progress.run_list_url(query),
         "starts": _choices_checked(BATCH_STARTS, form["start_from"].value() or "before-failure"),
         "modes": _choices_checked(FORK_MODES, form["mode"].value() or "sandbox"),
         "alive": sorted(Counter(w.version for w in alive_workers()).items()),
         "tools": sorted(TOOLS),
         "max_in_flight": settings.AGENTRUN_BATCH_MAX_IN_FLIGHT,
         "max_runs": batches.max_runs(),
-        **abilities(request),
     }
-    if _fragment(request, "batch-form"):
-        # Refused or not, the answer is the form: htmx swaps in a 200 (not a 400).
-        return render(request, "debugger/batch_new.html#form", context)
-    status = 400 if form.errors or runs.errors else 200
-    return render(request, "debugger/batch_new.html", context, status=status)
 
 
 def _choices_checked(choices: Any, value: str) -> list[tuple[str, str, str, bool]]:
@@ -1248,7 +1252,6 @@ def batch_detail(request: HtmxHttpRequest, batch_id: Any) -> HttpResponse:
         "run_list_url": progress.run_list_url(batch.selection or {}),
         "promotions": batch.promotions.order_by("created_at"),
         "promotable": batch.mode != "live" and not batch.is_active and counts["runs"]["succeeded"],
-        "cancel_form": CancelForm(),
         **abilities(request),
     }
     if _fragment(request, "batch-live"):
