@@ -17,7 +17,7 @@ from django.http import Http404, HttpRequest
 from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
 
-from agentrun.models import Run
+from agentrun.models import ReplayBatch, Run
 from agentrun.security.roles import ROLES, role_of
 
 Perm = Literal["view", "operate"]
@@ -75,6 +75,13 @@ def get_run_for(request: HttpRequest, run_id: Any, perm: Perm = "view") -> Run:
     """The run, if the user may `perm` it: 403 without the role, 404 when unknown."""
     check(request, perm)
     return get_object_or_404(Run, pk=parse_uuid(run_id))
+
+
+def get_batch_for(request: HttpRequest, batch_id: Any, perm: Perm = "view") -> ReplayBatch:
+    """The replay batch, if the user may `perm` it: 403 without the role, 404 when unknown."""
+    check(request, perm)
+    batches = ReplayBatch.objects.select_related("created_by", "promoted_from")
+    return get_object_or_404(batches, pk=parse_uuid(batch_id))
 
 
 def parse_uuid(value: Any) -> UUID:

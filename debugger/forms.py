@@ -9,6 +9,7 @@ from django.db.models import Q, QuerySet
 
 from agentrun.engine import inflight
 from agentrun.lifecycle import labels as run_labels
+from agentrun.lifecycle import selection as runs_selection
 from agentrun.lifecycle.runids import RunIdError, resolve_run
 from agentrun.models import Event, Run, RunStatus, ToolCall
 from agentrun.security.storable import check_storable
@@ -39,6 +40,10 @@ class DateRangeMixin(forms.Form):
 
 
 class RunFilterForm(DateRangeMixin):
+    """The run list's filter. Which runs it selects is agentrun.lifecycle.selection's
+    definition, shared with the API and replay batches; the form draws the fields and
+    reads what was typed."""
+
     q = forms.CharField(
         required=False,
         label="Search",
@@ -55,28 +60,62 @@ class RunFilterForm(DateRangeMixin):
     label = forms.CharField(required=False, label="Label")
     # ?pinned=1, the runs kept from retention.
     pinned = forms.BooleanField(required=False, label="Pinned only")
+    error = forms.CharField(
+        required=False,
+        label="Error",
+        max_length=200,
+        widget=forms.TextInput(attrs={"placeholder": "text in the error", "type": "search"}),
+    )
+    version = forms.CharField(
+        required=False,
+        label="Version",
+        max_length=64,
+        widget=forms.TextInput(attrs={"placeholder": "code version", "list": "run-versions"}),
+    )
+    tool_failed = forms.CharField(
+        required=False,
+        label="Tool failed",
+        max_length=100,
+        widget=forms.TextInput(attrs={"placeholder": "a call to it failed", "list": "run-tools"}),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         agents = Run.objects.order_by("agent").values_list("agent", flat=True).distinct()
         cast(forms.ChoiceField, self.fields["agent"]).choices = _choices(agents, "any agent")
+        self.selection: runs_selection.Selection | None = None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not self.errors:
+            try:
+                self.selection = runs_selection.parse(self.query())
+            except runs_selection.SelectionError as exc:
+                self.add_error(exc.field if exc.field in self.fields else None, str(exc))
+        return data
+
+    def query(self) -> dict[str, Any]:
+        """The filter as the run list's parameters, without the empty ones: what
+        agentrun.lifecycle.selection reads, and what a link to these runs carries."""
+        data = self.cleaned_data
+        out: dict[str, Any] = {
+            name: data[name].strip()
+            for name in ("q", "status", "agent", "error", "version", "tool_failed")
+            if data.get(name, "").strip()
+        }
+        if data.get("label"):
+            out["label"] = list(data["label"])
+        if data.get("pinned"):
+            out["pinned"] = "1"
+        for name in ("since", "until"):
+            if data.get(name):
+                out[name] = data[name].isoformat()
+        return out
 
     def filter(self, runs: QuerySet[Run]) -> QuerySet[Run]:
-        if not self.is_valid():
+        if not self.is_valid() or self.selection is None:
             return runs.none()
-        data = self.cleaned_data
-        if data["status"] == "active":
-            runs = runs.active()  # type: ignore[attr-defined]
-        elif data["status"]:
-            runs = runs.filter(status=data["status"])
-        if data["agent"]:
-            runs = runs.filter(agent=data["agent"])
-        runs = runs.filter(self.date_q("created_at"))
-        if data["q"]:
-            runs = runs.filter(_search_q(data["q"].strip()))
-        if data.get("pinned"):
-            runs = runs.filter(pinned_at__isnull=False)
-        return run_labels.filter_runs(runs, data["label"])
+        return self.selection.apply(runs)
 
     def clean_label(self) -> list[str]:
         """Every ?label= of the query (blank ones ignored), each `key=value` or `key`."""
@@ -91,19 +130,6 @@ class RunFilterForm(DateRangeMixin):
                 raise forms.ValidationError(str(exc)) from None
             found.append(text)
         return found
-
-
-def _search_q(text: str) -> Q:
-    try:
-        return Q(pk=UUID(text))
-    except ValueError:
-        pass
-    q = Q(input__icontains=text)
-    compact = text.replace("-", "").lower()
-    if len(compact) >= 4 and all(c in "0123456789abcdef" for c in compact):
-        # A run id prefix, as shown in the list (first 8 characters).
-        q |= Q(pk__startswith=text.lower())
-    return q
 
 
 class AuditFilterForm(DateRangeMixin):
@@ -344,3 +370,114 @@ class PinForm(forms.Form):
         max_length=2000,
         error_messages={"required": "a pin needs a reason, e.g. the incident it is kept for"},
     )
+
+
+# --- replay batches ------------------------------------------------------------------
+
+#: (value, name, what it means): where each run of a batch is forked from.
+BATCH_STARTS = (
+    ("before-failure", "Before its failure", "the pre state of its first failed step"),
+    ("start", "From its start", "the pre state of its first step"),
+    ("tool", "Before a tool", "the pre state of the step of its first call to this tool"),
+    ("step", "At a step", "the pre state of this step number"),
+)
+
+# Which form field a batches.BatchError is about ("filter": the run list's, shown above).
+BATCH_ERROR_FIELDS = {
+    "from": "start_from",
+    "mode": "mode",
+    "version": "version",
+    "name": "name",
+    "reason": "reason",
+    "max_in_flight": "max_in_flight",
+    "confirm_live": "confirm_live",
+}
+
+
+class RefusalMixin(forms.Form):
+    def refuse(self, exc: Exception) -> None:
+        """A refusal from the runtime (a BatchError), next to the field it is about."""
+        name = BATCH_ERROR_FIELDS.get(getattr(exc, "field", ""))
+        if name not in self.fields:
+            name = None
+        message = str(exc)
+        message = message[:1].upper() + message[1:]
+        if message not in self.errors.get(name or "__all__", []):
+            self.add_error(name, message)
+
+
+class BatchForm(RefusalMixin):
+    """A replay batch's options; the runs are the run list's filter, in the page's address.
+    What is allowed is agentrun.lifecycle.batches' to say: its BatchError lands on a field."""
+
+    start_from = forms.ChoiceField(
+        choices=[(value, name) for value, name, _ in BATCH_STARTS],
+        initial="before-failure",
+        error_messages={"required": "Choose where each run is forked from."},
+    )
+    tool = forms.CharField(
+        required=False,
+        max_length=100,
+        widget=forms.TextInput(attrs={"placeholder": "tool name", "list": "batch-tools"}),
+    )
+    step = forms.IntegerField(
+        required=False,
+        min_value=1,
+        widget=forms.NumberInput(attrs={"placeholder": "step"}),
+    )
+    mode = forms.ChoiceField(
+        choices=[(value, name) for value, name, _ in FORK_MODES],
+        initial="sandbox",
+        error_messages={"required": "Choose a replay mode."},
+    )
+    version = forms.CharField(
+        required=False,
+        max_length=100,
+        widget=forms.TextInput(attrs={"placeholder": "any worker", "list": "batch-versions"}),
+    )
+    name = forms.CharField(
+        required=False,
+        max_length=1000,
+        widget=forms.TextInput(attrs={"placeholder": "e.g. the incident it repairs"}),
+    )
+    reason = forms.CharField(required=False, max_length=4000)
+    max_in_flight = forms.IntegerField(required=False, min_value=1, max_value=10_000)
+    confirm_live = forms.BooleanField(required=False)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        kind = data.get("start_from")
+        if kind == "tool" and not data.get("tool", "").strip():
+            self.add_error("tool", "Name the tool: each run is forked before its first call to it.")
+        if kind == "step" and data.get("step") is None and "step" not in self.errors:
+            self.add_error("step", "Give the step number each run is forked at.")
+        return data
+
+    def start(self) -> Any:
+        """Where each run is forked from, as agentrun.lifecycle.batches reads it."""
+        data = self.cleaned_data
+        if data["start_from"] == "tool":
+            return {"tool": data["tool"].strip()}
+        if data["start_from"] == "step":
+            return {"step": data["step"]}
+        return data["start_from"]
+
+    def options(self) -> dict[str, Any]:
+        """batches.create's keyword arguments, from what was typed."""
+        data = self.cleaned_data
+        return {
+            "mode": data["mode"],
+            "version": data["version"].strip() or None,
+            "name": data["name"],
+            "reason": data["reason"],
+            "max_in_flight": data["max_in_flight"],
+            "confirm_live": data["confirm_live"],
+        }
+
+
+class PromoteForm(RefusalMixin):
+    """Promote a batch: replay live, as a new batch, the runs whose fork succeeded."""
+
+    name = forms.CharField(required=False, max_length=1000)
+    reason = forms.CharField(required=False, max_length=4000)
+    confirm_live = forms.BooleanField(required=False)

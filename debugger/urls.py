@@ -49,6 +49,12 @@ urlpatterns = [
     path("runs/<uuid:run_id>/input.json", views.run_input_json, name="run-input-json"),
     path("runs/<uuid:run_id>/export/", views.run_export, name="run-export"),
     path("now/", views.now, name="now"),
+    # Replay batches: the runs a filter selects, forked again together.
+    path("batches/", views.batch_list, name="batch-list"),
+    path("batches/new/", views.batch_new, name="batch-new"),
+    path("batches/<uuid:batch_id>/", views.batch_detail, name="batch-detail"),
+    path("batches/<uuid:batch_id>/cancel/", views.batch_cancel, name="batch-cancel"),
+    path("batches/<uuid:batch_id>/promote/", views.batch_promote, name="batch-promote"),
     path("diff/", views.diff_any, name="diff"),
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit-csv"),

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import BooleanField, Exists, OuterRef, QuerySet
@@ -22,25 +24,30 @@ from django_htmx.middleware import HtmxDetails
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.builtin import llm_requests
 from agentrun.engine import inflight
-from agentrun.lifecycle import services
+from agentrun.engine.versions import alive_workers
+from agentrun.lifecycle import batches, services
 from agentrun.lifecycle.runids import RunIdError, resolve_run
-from agentrun.models import RETRY_EVENTS, Event, Run, Snapshot, Step
+from agentrun.models import RETRY_EVENTS, Event, ReplayBatch, Run, Snapshot, Step, Worker
 from agentrun.security.redact import redact
 from agentrun.store import watch
 from agentrun.store.delta import state_hash
+from agentrun.tools import REGISTRY as TOOLS
 from debugger import audit as audit_log
-from debugger import charts, compare, forks, timeline
-from debugger.access import abilities, get_run_for, role_required
+from debugger import charts, compare, forks, progress, timeline, versions
+from debugger.access import abilities, check, get_batch_for, get_run_for, role_required
 from debugger.diffs import SnapshotRef, StateDiff, diff_states
 from debugger.forms import (
+    BATCH_STARTS,
     FORK_MODES,
     ApprovalForm,
     AuditFilterForm,
+    BatchForm,
     CancelForm,
     DiffForm,
     ForkForm,
     NowFilterForm,
     PinForm,
+    PromoteForm,
     RunFilterForm,
 )
 from debugger.jsontree import (
@@ -107,13 +114,27 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         "active": active,
         "poll_url": f"{request.path}?{query.urlencode()}",
         "label_filters": form.cleaned_data["label"] if form.is_valid() else [],
+        "replay_url": _replay_url(form) if page.paginator.count else "",
         **abilities(request),
     }
     if _fragment(request, "run-rows"):
         if request.GET.get("v") == token and active:
             return HttpResponse(status=204)
         return _stop_polling_unless(active, render(request, "debugger/run_list.html#rows", context))
-    return render(request, "debugger/run_list.html", {**context, **_inflight_counts()})
+    context.update(
+        _inflight_counts(),
+        known_versions=sorted(set(Worker.objects.values_list("version", flat=True))),
+        tools=sorted(TOOLS),
+    )
+    return render(request, "debugger/run_list.html", context)
+
+
+def _replay_url(form: RunFilterForm) -> str:
+    """The new batch page for the runs the list shows."""
+    if not form.is_valid():
+        return ""
+    query = urlencode(form.query(), doseq=True)
+    return reverse("debugger:batch-new") + (f"?{query}" if query else "")
 
 
 def _inflight_counts() -> dict[str, Any]:
@@ -139,11 +160,19 @@ def now(request: HtmxHttpRequest) -> HttpResponse:
         "no_worker": inflight.NO_WORKER,
         "max_limit": inflight.MAX_LIMIT,
         "poll_url": request.get_full_path(),
+        **_workers_context(),
         **abilities(request),
     }
     if _fragment(request, "now-body"):
         return render(request, "debugger/now.html#body", context)
     return render(request, "debugger/now.html", context)
+
+
+def _workers_context() -> dict[str, Any]:
+    """The live workers with their versions, and the runs none of them will claim."""
+    workers = alive_workers()
+    waiting, waiting_total = versions.waiting_for_a_worker(workers)
+    return {"workers": workers, "waiting": waiting, "waiting_total": waiting_total}
 
 
 # --- run detail -------------------------------------------------------------------------
@@ -237,6 +266,7 @@ def _run_context(
         "size_chart": charts.size_line(points),
         "waited_ms": sum(p.backoff_ms + p.wait_ms for p in points),
         "version": timeline.version(run),
+        "versions": versions.of_run(run),
         "phases": [p for p in PHASES if p != "waiting"],  # "waiting" is the mark's entry
         "cancel_form": CancelForm(),
         **abilities(request),
@@ -714,6 +744,7 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         selected=selected,
         step_url=f"{request.path}?{query.urlencode()}",
         fork_point=forks.fork_point(run),
+        ran_on=versions.compared(other, run),
         **_step_diff(cmp, selected),
     )
     if _fragment(request, "compare-diff"):
@@ -1149,3 +1180,180 @@ def model_request(request: HtmxHttpRequest, run_id: Any, number: int) -> HttpRes
         "others": {k: v for k, v in rebuilt.body.items() if k != "messages"},
     }
     return render(request, "debugger/model_request.html", context)
+
+
+# --- replay batches --------------------------------------------------------------------------
+
+BATCHES_PER_PAGE = 50
+BATCH_RUNS_PER_PAGE = 100
+
+
+@role_required
+def batch_list(request: HttpRequest) -> HttpResponse:
+    batch_rows = ReplayBatch.objects.select_related("created_by").order_by("-created_at", "-id")
+    page = Paginator(batch_rows, BATCHES_PER_PAGE).get_page(request.GET.get("page"))
+    rows = []
+    for batch in page:
+        counts = batches.counts(batch)
+        rows.append(
+            {
+                "batch": batch,
+                "tiles": progress.tiles(counts),
+                "verdicts": [v for v in progress.verdict_rows(counts) if v.n],
+                "live": progress.is_live(batch, counts),
+            }
+        )
+    context = {"page": page, "rows": rows, **abilities(request)}
+    return render(request, "debugger/batch_list.html", context)
+
+
+@role_required
+@require_http_methods(["GET", "POST"])
+def batch_new(request: HtmxHttpRequest) -> HttpResponse:
+    """A batch of the runs the run list's filter (the query string) selects: its options,
+    a preview (nothing written), then the batch."""
+    check(request, "operate")
+    runs = RunFilterForm(request.GET)
+    form = BatchForm(request.POST if request.method == "POST" else None)
+    found = None
+    if form.is_bound and not runs.is_valid():
+        form.add_error(None, "The filter is refused: fix it on the run list.")
+    elif form.is_valid():
+        start, options = form.start(), form.options()
+        if "preview" not in request.POST:
+            try:
+                batch = batches.create(runs.query(), start, **options, user=request.user)
+            except batches.BatchError as exc:
+                form.refuse(exc)
+            else:
+                messages.success(request, f"Batch {batch.name} created: its forks are being made.")
+                return redirect("debugger:batch-detail", batch_id=batch.pk)
+        try:
+            plan = batches.plan(runs.query(), start, options["mode"], options["version"])
+            found = progress.preview(plan)
+        except batches.BatchError as exc:
+            form.refuse(exc)
+    context = {**_batch_new_context(runs, form), "found": found, **abilities(request)}
+    if _fragment(request, "batch-form"):
+        # Refused or not, the answer is the form: htmx swaps in a 200 (not a 400).
+        return render(request, "debugger/batch_new.html#form", context)
+    status = 400 if form.errors or runs.errors else 200
+    return render(request, "debugger/batch_new.html", context, status=status)
+
+
+def _batch_new_context(runs: RunFilterForm, form: BatchForm) -> dict[str, Any]:
+    """The new batch page around its form: the runs chosen, the choices, who is alive."""
+    query = runs.query() if runs.is_valid() else {}
+    return {
+        "runs": runs,
+        "form": form,
+        "matching": runs.filter(Run.objects.all()).count() if runs.is_valid() else 0,
+        "filter_parts": progress.filter_parts(query),
+        "run_list_url": progress.run_list_url(query),
+        "starts": _choices_checked(BATCH_STARTS, form["start_from"].value() or "before-failure"),
+        "modes": _choices_checked(FORK_MODES, form["mode"].value() or "sandbox"),
+        "alive": sorted(Counter(w.version for w in alive_workers()).items()),
+        "tools": sorted(TOOLS),
+        "max_in_flight": settings.AGENTRUN_BATCH_MAX_IN_FLIGHT,
+        "max_runs": batches.max_runs(),
+    }
+
+
+def _choices_checked(choices: Any, value: str) -> list[tuple[str, str, str, bool]]:
+    return [(v, name, text, v == value) for v, name, text in choices]
+
+
+@role_required
+def batch_detail(request: HtmxHttpRequest, batch_id: Any) -> HttpResponse:
+    """A batch's progress, live while it makes forks or one of them runs: counts by state,
+    the verdicts (each row: the runs with it), each run against its parent."""
+    batch = get_batch_for(request, batch_id)
+    counts = batches.counts(batch)
+    shown = request.GET.get("verdict", "")
+    if shown not in progress.VERDICT_NAMES and shown != "skipped":
+        shown = ""
+    page = Paginator(progress.items(batch, shown), BATCH_RUNS_PER_PAGE).get_page(
+        request.GET.get("page")
+    )
+    live = progress.is_live(batch, counts)
+    token = progress.version_token(batch, counts, list(page))
+    if _fragment(request, "batch-live") and request.GET.get("v") == token and live:
+        return HttpResponse(status=204)
+    query = request.GET.copy()
+    query["v"] = token
+    context = {
+        "batch": batch,
+        "counts": counts,
+        "tiles": progress.tiles(counts),
+        "verdicts": progress.verdict_rows(counts),
+        "shown": shown,
+        "shown_name": progress.VERDICT_NAMES.get(shown, shown),
+        "verdict_names": progress.VERDICT_NAMES,
+        "page": page,
+        "live": live,
+        "poll_url": f"{request.path}?{query.urlencode()}",
+        "reasons": progress.skip_reasons(batch),
+        "start": progress.describe_start(batch.start_from),
+        "filter_parts": progress.filter_parts(batch.selection or {}),
+        "run_list_url": progress.run_list_url(batch.selection or {}),
+        "promotions": batch.promotions.order_by("created_at"),
+        "promotable": batch.mode != "live" and not batch.is_active and counts["runs"]["succeeded"],
+        **abilities(request),
+    }
+    if _fragment(request, "batch-live"):
+        response = render(request, "debugger/batch_detail.html#live", context)
+        return _stop_polling_unless(live, response)
+    return render(request, "debugger/batch_detail.html", context)
+
+
+@role_required
+@require_POST
+def batch_cancel(request: HttpRequest, batch_id: Any) -> HttpResponse:
+    batch = get_batch_for(request, batch_id, "operate")
+    form = CancelForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not cancelled: the reason {_form_problem(form)}")
+        return redirect("debugger:batch-detail", batch_id=batch.pk)
+    try:
+        batches.cancel(batch, user=request.user, reason=form.cleaned_data["reason"])
+        messages.success(request, "Batch cancelled: no new forks; those made run to their end.")
+    except batches.BatchError as exc:
+        messages.error(request, f"Not cancelled: {exc}")
+    return redirect("debugger:batch-detail", batch_id=batch.pk)
+
+
+@role_required
+@require_http_methods(["GET", "POST"])
+def batch_promote(request: HttpRequest, batch_id: Any) -> HttpResponse:
+    """What a promotion replays live (its side effects by tool), and the promotion."""
+    batch = get_batch_for(request, batch_id, "operate")
+    form = PromoteForm(request.POST if request.method == "POST" else None)
+    if form.is_bound and form.is_valid():
+        data = form.cleaned_data
+        try:
+            live = batches.promote(
+                batch,
+                user=request.user,
+                name=data["name"] or None,
+                reason=data["reason"],
+                confirm_live=data["confirm_live"],
+            )
+        except batches.BatchError as exc:
+            form.refuse(exc)
+        else:
+            messages.success(request, f"Promoted: batch {live.name} replays them live.")
+            return redirect("debugger:batch-detail", batch_id=live.pk)
+    try:
+        found, refused = progress.preview(batches.promotion_plan(batch)), ""
+    except batches.BatchError as exc:
+        found, refused = None, str(exc)
+    context = {
+        "batch": batch,
+        "form": form,
+        "found": found,
+        "refused": refused,
+        "default_name": f"{batch.name} (live)",
+        **abilities(request),
+    }
+    status = 400 if form.errors or refused else 200
+    return render(request, "debugger/batch_promote.html", context, status=status)

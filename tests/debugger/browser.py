@@ -38,6 +38,7 @@ SCREENSHOTS = Path(__file__).resolve().parent.parent / "screenshots"
 # Every request the debugger's own pages may make. Anything else (another host, /api/...) fails.
 ALLOWED_PATHS = re.compile(
     r"^/(?:$|login/|logout/|diff/|now/$|audit/(?:export\.csv)?$|static/.+"
+    r"|batches/(?:$|new/$|[0-9a-f-]{36}/(?:$|cancel/|promote/))"
     r"|runs/[0-9a-f-]{36}/(?:$|live/|cancel/|approval/|compare/|pin/|unpin/|watch/|export/"
     r"|steps/\d+/(?:$|diff/|request/|pre/(?:fork/(?:check/)?)?$|post/(?:fork/(?:check/)?)?$|pre\.json|post\.json)))"
 )
@@ -148,7 +149,7 @@ INERT_CHECK = """() => {
     images: document.querySelectorAll('img, svg image, iframe, object, embed').length,
     handlers: all.filter(e => [...e.attributes].some(a => /^(on|hx-on|data-hx-on)/i.test(a.name))).map(e => e.outerHTML.slice(0, 120)),
     js_links: document.querySelectorAll('a[href^="javascript:" i]').length,
-    api_hx: all.filter(e => [...e.attributes].some(a => /^(data-)?hx-(get|post|put|delete|patch)$/.test(a.name) && !a.value.startsWith('/runs/') && !a.value.startsWith('/now/') && !a.value.startsWith('/?') && a.value !== '/')).map(e => e.outerHTML.slice(0, 120)),
+    api_hx: all.filter(e => [...e.attributes].some(a => /^(data-)?hx-(get|post|put|delete|patch)$/.test(a.name) && !a.value.startsWith('/runs/') && !a.value.startsWith('/now/') && !a.value.startsWith('/batches/') && !a.value.startsWith('/?') && a.value !== '/')).map(e => e.outerHTML.slice(0, 120)),
   };
 }"""
 
