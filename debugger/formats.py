@@ -26,3 +26,17 @@ def ms(value: float | None) -> str:
 def human(value: Any) -> str:
     """awaiting_approval → awaiting approval"""
     return str(value or "").replace("_", " ")
+
+
+def usd(value: Any) -> str:
+    """US dollars, readable: $0.0042, $1.37, $1,204 (– for none)."""
+    if value is None:
+        return "–"
+    value = float(value)
+    if value == 0:
+        return "$0"
+    if value < 0.01:
+        return f"${value:.4f}"
+    if value < 1000:
+        return f"${value:.2f}"
+    return f"${value:,.0f}"

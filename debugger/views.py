@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import BooleanField, Exists, OuterRef, QuerySet
+from django.db.models import BooleanField, Exists, OuterRef, QuerySet, Sum
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
@@ -99,7 +99,8 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         response = render(request, "debugger/_inflight_counts.html", counts)
         return _stop_polling_unless(bool(counts["inflight_total"]), response)
     form = RunFilterForm(request.GET)
-    runs = run_rows(form.filter(Run.objects.select_related("created_by")))
+    chosen = form.filter(Run.objects.select_related("created_by"))
+    runs = run_rows(chosen)
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
     page.object_list = with_row_facts(list(page.object_list))
     token = hashlib.sha256(
@@ -125,6 +126,10 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         _inflight_counts(),
         known_versions=sorted(set(Worker.objects.values_list("version", flat=True))),
         tools=sorted(TOOLS),
+        # What the runs this filter selects used, all of them (not only this page).
+        spent=chosen.order_by().aggregate(
+            tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out"), cost_usd=Sum("cost_usd")
+        ),
     )
     return render(request, "debugger/run_list.html", context)
 

@@ -10,12 +10,13 @@ from typing import Any
 from django import template
 from django.utils.safestring import mark_safe
 
-from debugger.formats import human, ms
+from debugger.formats import human, ms, usd
 from debugger.jsontree import human_bytes, mark_escapes, run_input_tree
 
 register = template.Library()
 register.filter(ms)
 register.filter(human)
+register.filter(usd)
 
 JSON_LIMIT = 100_000
 
