@@ -340,6 +340,8 @@ class ForkForm(ForkStateForm):
     )
     reason = forms.CharField(required=False, max_length=2000)
     confirm_live = forms.BooleanField(required=False)
+    # Blank: any worker runs the fork; else only workers of this code version.
+    version = forms.CharField(required=False, max_length=64, strip=True)
 
 
 def _no_constant(name: str) -> Any:

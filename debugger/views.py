@@ -24,7 +24,7 @@ from django_htmx.middleware import HtmxDetails
 from agentrun.agents import InvalidInput, get_agent
 from agentrun.builtin import llm_requests
 from agentrun.engine import inflight
-from agentrun.engine.versions import alive_workers
+from agentrun.engine.versions import alive_workers, versions_alive
 from agentrun.lifecycle import batches, services
 from agentrun.lifecycle.runids import RunIdError, resolve_run
 from agentrun.models import RETRY_EVENTS, Event, ReplayBatch, Run, Snapshot, Step, Worker
@@ -595,6 +595,7 @@ FORK_ERROR_FIELDS = {
     "reason": "reason",
     "state": "state",
     "confirm_live": "confirm_live",
+    "version": "version",
 }
 
 
@@ -643,6 +644,7 @@ def _start_fork(
             reason=data["reason"],
             user=request.user,
             confirm_live=data["confirm_live"],
+            version=data.get("version") or None,
         )
     except services.ForkError as exc:
         form.add_error(FORK_ERROR_FIELDS.get(exc.field), str(exc))
@@ -705,6 +707,7 @@ def _fork_page(
         "view": "edit",
         "check": check,
         "max_bytes": forks.upload_limit(),
+        "live_versions": sorted(versions_alive()),
         **abilities(request),
     }
     return render(request, "debugger/fork.html", context, status=status)

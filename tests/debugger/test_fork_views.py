@@ -465,3 +465,22 @@ def test_compare_needs_a_role(client_for, edited_fork):
     assert client_for(None).get(url)["Location"].startswith("/login/")
     assert client_for("outsider").get(url).status_code == 403
     assert client_for("viewer").get(url).status_code == 200
+
+
+def test_a_fork_from_the_page_onto_a_code_version(client_for):
+    from agentrun.models import Run
+    from tests.base import drive, make_run
+
+    run = drive(make_run())
+    client = client_for("operator")
+    page = client.get(f"/runs/{run.pk}/steps/1/pre/fork/")
+    assert 'name="version"' in page.content.decode()
+    state = page.context["form"]["state"].value()
+    bad = client.post(f"/runs/{run.pk}/steps/1/pre/fork/",
+                      {"state": state, "mode": "sandbox", "version": "two words"})  # fmt: skip
+    assert bad.status_code == 400 and "a version is letters" in bad.content.decode()
+    assert Run.objects.count() == 1
+    done = client.post(f"/runs/{run.pk}/steps/1/pre/fork/",
+                       {"state": state, "mode": "sandbox", "version": "v2"})  # fmt: skip
+    assert done.status_code == 302
+    assert Run.objects.exclude(pk=run.pk).get().target_version == "v2"
