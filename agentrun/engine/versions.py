@@ -195,7 +195,10 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.beat()
+        try:
+            self.beat()
+        finally:
+            close_old_connections()  # the starting thread's connection goes back to the pool
         self._thread = threading.Thread(target=self._run, name="agentrun-heartbeat", daemon=True)
         self._thread.start()
 
