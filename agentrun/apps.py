@@ -13,9 +13,6 @@ class AgentrunConfig(AppConfig):
         from django.conf import settings
 
         from agentrun import builtin  # noqa: F401
-        from agentrun.infra.malloc import keep_freed_memory
-
-        keep_freed_memory(settings.AGENTRUN_MALLOC_TRIM_MB)
 
         for module in settings.AGENTRUN_AGENT_MODULES:
             import_module(module)

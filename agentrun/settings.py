@@ -63,9 +63,7 @@ def database_from_url(url: str) -> dict:
             "timeout": env_float("DB_POOL_TIMEOUT", 30.0),
         }
     return {
-        # Django's backend, whose pooled connection a step lends between its writes
-        # (agentrun/infra/postgresql/base.py).
-        "ENGINE": "agentrun.infra.postgresql",
+        "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")),
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
@@ -323,9 +321,6 @@ AGENTRUN_SEARCH_INDEX_STEPS = env_int("AGENTRUN_SEARCH_INDEX_STEPS", 2000)
 # (agentrun.store.compaction): a third fewer bytes, and a history that reads every step reads
 # fewer compressed streams. 0: never.
 AGENTRUN_COMPACT_STEPS = env_int("AGENTRUN_COMPACT_STEPS", 1000)
-# Freed memory a process keeps for its next allocations instead of handing it back to the
-# kernel at once (glibc; agentrun/infra/malloc.py): a step reuses its pages. 0: glibc's default.
-AGENTRUN_MALLOC_TRIM_MB = env_int("AGENTRUN_MALLOC_TRIM_MB", 64)
 
 # Importing a run's archive (agentrun.lifecycle.archive): the archive's size as uploaded, what it
 # may inflate to (a gzip bomb stops here, not in memory) and its longest line (one record).

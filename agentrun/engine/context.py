@@ -87,18 +87,12 @@ def release_connection() -> None:
 
     With a pool (PostgreSQL, DB_POOL_MAX_SIZE > 0) a step does this before every call to
     a model or a tool, and takes a connection again for its next write, so connections
-    per process stay at the pool's size however many steps are in flight. The
-    connection is lent (agentrun/infra/postgresql/base.py): the step's next write takes it
-    back untouched if it is still there, another thread that needs one takes it, and
-    after 10 ms it goes back to the pool. Without a pool (SQLite), or inside a
-    transaction, the connection stays.
+    per process stay at the pool's size however many steps are in flight. Without a
+    pool (SQLite), or inside a transaction, the connection stays.
     """
     conn = connections[DEFAULT_DB_ALIAS]  # (not the proxy, django.db.connection: a hot path)
-    lend = getattr(conn, "lend", None)
-    if lend is not None:
-        lend()
-    elif getattr(conn, "pool", None) is not None and not conn.in_atomic_block:
-        conn.close()  # (Django's own backend, configured by hand)
+    if getattr(conn, "pool", None) is not None and not conn.in_atomic_block:
+        conn.close()
 
 
 def mark_saved(obj: Any, pk: Any) -> None:

@@ -1,1 +1,0 @@
-"""Django's PostgreSQL backend with a lender: a step lends its pooled connection between writes."""
