@@ -93,6 +93,7 @@ def sqlite_database(path: Path) -> dict:
 DATABASE_URL = env("DATABASE_URL")
 EMBEDDED = not DATABASE_URL
 
+# Unset, the embedded default: `check --deploy` fails with it (agentrun.security.checks).
 SECRET_KEY = env("SECRET_KEY", "embedded-insecure-key-set-SECRET_KEY-in-production")
 DEBUG = env_bool("DEBUG", EMBEDDED)
 ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")]
