@@ -12,6 +12,7 @@ from agentrun.lifecycle import labels as run_labels
 from agentrun.lifecycle import selection as runs_selection
 from agentrun.lifecycle.runids import RunIdError, resolve_run
 from agentrun.models import Event, Run, RunStatus, ToolCall
+from agentrun.security import storable
 from agentrun.security.storable import check_storable
 from debugger.diffs import SnapshotRef, SpecError
 
@@ -344,14 +345,12 @@ class ForkForm(ForkStateForm):
     version = forms.CharField(required=False, max_length=64, strip=True)
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed in JSON")
-
-
 def parse_json(text: str) -> Any:
-    """The value of JSON text; a ValidationError names the line and column of a mistake."""
+    """The value of JSON text by the one JSON policy's rules (agentrun.security.storable:
+    no NaN, no 1e999, no integer of over 100 digits); a ValidationError names the line
+    and column of a mistake."""
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return storable.loads(text)
     except json.JSONDecodeError as exc:
         raise forms.ValidationError(
             "Invalid JSON at line %(line)s, column %(column)s: %(problem)s.",
