@@ -28,9 +28,13 @@ STRING_PREVIEW = 160
 STRING_FULL_LIMIT = 200_000
 
 
-def json_size(value: Any) -> int:
-    """Bytes of value as compact JSON (non-ASCII counted as escapes: the fast encoder)."""
-    return len(json.dumps(value, separators=(",", ":"), default=str))
+def json_size(value: Any) -> int | None:
+    """Bytes of value as compact JSON (non-ASCII counted as escapes: the fast encoder);
+    None for a value nested too deep for the encoder."""
+    try:
+        return len(json.dumps(value, separators=(",", ":"), default=str))
+    except RecursionError:
+        return None
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -94,6 +98,9 @@ class TreeOptions:
     budget: int = 3000
     per_container: int = 100  # a page of a list: the newest 100, links to the rest
     open_depth: int = 2
+    # Levels drawn below the tree's root; deeper containers link to their subtree's own
+    # page, so a value of any depth is drawn without deep recursion, a page at a time.
+    max_depth: int = 32
     watch: Callable[[Path], str] | None = None  # url of the value's history
 
 
@@ -181,7 +188,7 @@ class _Renderer:
         count = f"{n:,} {'key' if is_dict else 'item'}{'' if n == 1 else 's'}"
         size = json_size(value) if size is None else size
         meta = f"{'object' if is_dict else 'array'} · {count} · {human_bytes(size)}"
-        if self.left <= 0 and depth > 0:
+        if (self.left <= 0 or depth >= self.opts.max_depth) and depth > 0:
             link = e(self.opts.link(path, None))
             self.parts.append(
                 f'<li class="jt-stub">{self.key(key)}<span class="jt-body"><span class="jt-meta">'
