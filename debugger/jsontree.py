@@ -284,6 +284,17 @@ def render_tree(
     return mark_safe('<ul class="jt">' + "".join(r.parts) + "</ul>")  # noqa: S308 - built with e()
 
 
+#: An input larger than this (as JSON) is not drawn in the run page: its panel fetches the
+#: tree when it is opened (a 10,000-step script would be most of the page).
+INPUT_INLINE_BYTES = 16 * 1024
+
+
+def input_inline(run: Any) -> tuple[bool, int | None]:
+    """Whether the run page draws the run's input in place, and the input's JSON size."""
+    size = json_size(run.input)
+    return size is not None and size <= INPUT_INLINE_BYTES, size
+
+
 def run_input_tree(run: Any) -> SafeString:
     """The run's input as a JSON tree, secrets redacted; what doesn't fit links to the
     whole input as JSON."""
