@@ -13,6 +13,7 @@ class AgentrunConfig(AppConfig):
         from django.conf import settings
 
         from agentrun import builtin  # noqa: F401
+        from agentrun.security import checks  # noqa: F401  (registers the deploy checks)
 
         for module in settings.AGENTRUN_AGENT_MODULES:
             import_module(module)

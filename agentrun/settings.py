@@ -63,7 +63,9 @@ def database_from_url(url: str) -> dict:
             "timeout": env_float("DB_POOL_TIMEOUT", 30.0),
         }
     return {
-        "ENGINE": "django.db.backends.postgresql",
+        # Django's, checking each connection it takes from the pool
+        # (agentrun/infra/postgresql/base.py).
+        "ENGINE": "agentrun.infra.postgresql",
         "NAME": unquote(parts.path.lstrip("/")),
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
@@ -72,6 +74,10 @@ def database_from_url(url: str) -> dict:
         "OPTIONS": options,
         # Pooled connections go back to the pool instead (Django refuses both at once).
         "CONN_MAX_AGE": 0 if pool_max > 0 else env_int("DB_CONN_MAX_AGE", 60),
+        # Without a pool, a persistent connection is checked before a request uses it; a
+        # pooled one as it is taken from the pool (the ENGINE's). One the server closed (a
+        # restart, an idle timeout) is replaced, never given to a request or a step.
+        "CONN_HEALTH_CHECKS": pool_max == 0,
     }
 
 
@@ -93,6 +99,7 @@ def sqlite_database(path: Path) -> dict:
 DATABASE_URL = env("DATABASE_URL")
 EMBEDDED = not DATABASE_URL
 
+# Unset, the embedded default: `check --deploy` fails with it (agentrun.security.checks).
 SECRET_KEY = env("SECRET_KEY", "embedded-insecure-key-set-SECRET_KEY-in-production")
 DEBUG = env_bool("DEBUG", EMBEDDED)
 ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")]
@@ -134,6 +141,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A database that is down or restarting: 503 with Retry-After, not a 500 (agentrun/infra/outage.py).
+    "agentrun.infra.outage.DatabaseUnavailableMiddleware",
     # Long run pages (a 1,000-step timeline is ~600 KB of HTML) compress ~10x.
     "django.middleware.gzip.GZipMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -9,3 +9,6 @@ urlpatterns = [
     path("api/", include("agentrun.api.urls")),
     path("", include("debugger.urls")),
 ]
+
+# A database that is down answers 503 even where a middleware met it (agentrun/infra/outage.py).
+handler500 = "agentrun.infra.outage.server_error"

@@ -47,6 +47,7 @@ urlpatterns = [
         name="snapshot-json",
     ),
     path("runs/<uuid:run_id>/input.json", views.run_input_json, name="run-input-json"),
+    path("runs/<uuid:run_id>/input/", views.run_input, name="run-input"),
     path("runs/<uuid:run_id>/export/", views.run_export, name="run-export"),
     path("now/", views.now, name="now"),
     # Replay batches: the runs a filter selects, forked again together.

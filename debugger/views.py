@@ -58,6 +58,7 @@ from debugger.jsontree import (
     parse_path,
     render_tree,
     resolve,
+    run_input_tree,
 )
 from debugger.search import FIELDS as search_fields
 from debugger.search import StepSearchForm
@@ -872,6 +873,17 @@ def with_row_facts(runs: list[Run]) -> list[Run]:
     for run in runs:
         run.goal, run.backed_off, run.crashed = by_pk.get(run.pk, ("", False, False))
     return runs
+
+
+@role_required
+def run_input(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
+    """The run's input as a tree (redacted): what the run page's panel fetches when a long
+    input is opened, or a page of its own."""
+    run = get_run_for(request, run_id)
+    context = {"run": run, "tree": run_input_tree(run)}
+    if _fragment(request, "run-input-tree"):
+        return render(request, "debugger/run_input.html#tree", context)
+    return render(request, "debugger/run_input.html", context)
 
 
 @role_required

@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend, whose pool hands out only connections that work."""
