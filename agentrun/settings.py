@@ -333,6 +333,21 @@ AGENTRUN_IMPORT_MAX_BYTES = env_int("AGENTRUN_IMPORT_MAX_BYTES", 1024**3)
 AGENTRUN_IMPORT_MAX_EXPANDED_BYTES = env_int("AGENTRUN_IMPORT_MAX_EXPANDED_BYTES", 8 * 1024**3)
 AGENTRUN_IMPORT_MAX_LINE_BYTES = env_int("AGENTRUN_IMPORT_MAX_LINE_BYTES", 256 * 1024**2)
 
+# --- observability (docs/operations/observability.md) -------------------------------------
+# The web's /metrics answers only a request with "Authorization: Bearer <this token>";
+# unset, /metrics is off (404). It reads the database at most once per this many seconds.
+AGENTRUN_METRICS_TOKEN = env("AGENTRUN_METRICS_TOKEN")
+AGENTRUN_METRICS_CACHE_SECONDS = env_float("AGENTRUN_METRICS_CACHE_SECONDS", 5.0)
+# Each worker process serves its own metrics (steps, model requests, tool calls it ran) on
+# this port, bound to this address (no login: bind it where only Prometheus reaches). 0: off.
+AGENTRUN_WORKER_METRICS_PORT = env_int("AGENTRUN_WORKER_METRICS_PORT", 0)
+AGENTRUN_WORKER_METRICS_ADDR = env("AGENTRUN_WORKER_METRICS_ADDR", "127.0.0.1")
+# Traces are configured by the standard OTEL_* variables. The run page links to the run's
+# trace in the operator's tracing UI through this template ({trace_id}: 32 hex digits).
+AGENTRUN_TRACE_URL = env("AGENTRUN_TRACE_URL")
+# A span attribute longer than this (UTF-8 bytes) is cut, and says how long it was.
+AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES = env_int("AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES", 4096)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

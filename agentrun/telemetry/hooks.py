@@ -1,0 +1,39 @@
+"""What the engine tells telemetry: a step attempt ended (with an outcome) or crashed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agentrun.telemetry import metrics, tracing
+
+#: Outcomes after which the step's tool calls are as its attempt left them on record.
+ENDED = ("committed", "finished", "failed")
+
+
+def step_ended(ctx: Any, outcome: str, detail: str = "") -> None:
+    """Count and time one step attempt, and emit its spans (when traces are on)."""
+    seconds = time.perf_counter() - ctx.started
+    agent = ctx.run.agent
+    metrics.STEP_ATTEMPTS.labels(agent, outcome).inc()
+    metrics.STEP_DURATION.labels(agent, outcome).observe(seconds)
+    llm = ctx.decision.llm if ctx.decision is not None else None
+    if ctx.llm_window is not None and llm:
+        started, ended = ctx.llm_window
+        model = str(llm.get("model") or "")
+        metrics.LLM_DURATION.labels(agent, model).observe((ended - started) / 1e9)
+    if outcome in ENDED:
+        for tc, _ in ctx.acted:
+            metrics.TOOL_CALLS.labels(agent, tc.tool, tc.status).inc()
+    if tracing.tracer() is not None:
+        end_ns = time.time_ns()
+        tracing.emit_step(ctx, outcome, detail, end_ns - int(seconds * 1e9), end_ns)
+
+
+def step_crashed(ctx: Any, exc: BaseException) -> None:
+    step_ended(ctx, "crashed", f"{type(exc).__name__}: {exc}")
+
+
+def llm_called(ctx: Any, started_ns: int, ended_ns: int) -> None:
+    """The step's policy asked its model (wall clock, ns): a chat span, a latency."""
+    ctx.llm_window = (started_ns, ended_ns)
