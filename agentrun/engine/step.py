@@ -75,7 +75,9 @@ def _run_claimed(ctx: Claimed) -> Outcome:
         return decision
     calls = calls_of(ctx, decision)
     ctx.decision = decision
-    ctx.acted = [(tc, call.call_id) for call, tc in zip(decision.calls, calls, strict=True)]
+    ctx.acted = [
+        (tc, call.call_id, len(tc.attempts)) for call, tc in zip(decision.calls, calls, strict=True)
+    ]
     results: list[CallResult] = []
     for call, tc in zip(decision.calls, calls, strict=True):
         outcome = act_on_call(ctx, call, tc)

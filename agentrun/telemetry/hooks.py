@@ -14,6 +14,7 @@ ENDED = ("committed", "finished", "failed")
 def step_ended(ctx: Any, outcome: str, detail: str = "") -> None:
     """Count and time one step attempt, and emit its spans (when traces are on)."""
     seconds = time.perf_counter() - ctx.started
+    end_ns = time.time_ns()  # the same moment on the wall clock, for the spans
     agent = ctx.run.agent
     metrics.STEP_ATTEMPTS.labels(agent, outcome).inc()
     metrics.STEP_DURATION.labels(agent, outcome).observe(seconds)
@@ -23,10 +24,9 @@ def step_ended(ctx: Any, outcome: str, detail: str = "") -> None:
         model = str(llm.get("model") or "")
         metrics.LLM_DURATION.labels(agent, model).observe((ended - started) / 1e9)
     if outcome in ENDED:
-        for tc, _ in ctx.acted:
+        for tc, _, _ in ctx.acted:
             metrics.TOOL_CALLS.labels(agent, tc.tool, tc.status).inc()
     if tracing.tracer() is not None:
-        end_ns = time.time_ns()
         tracing.emit_step(ctx, outcome, detail, end_ns - int(seconds * 1e9), end_ns)
 
 

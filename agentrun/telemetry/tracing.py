@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import threading
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -229,8 +230,8 @@ def emit_step(ctx: Any, outcome: str, detail: str, start_ns: int, end_ns: int) -
         span.set_status(Status(StatusCode.ERROR, bounded(detail)[:512]))
         span.set_attribute("error.type", _error_type(ctx, detail))
     _chat_span(t, ctx, step_ctx, common)
-    for tc, call_id in ctx.acted:
-        _tool_span(t, tc, call_id, start_ns, step_ctx, common)
+    for tc, call_id, before in ctx.acted:
+        _tool_span(t, tc, call_id, before, step_ctx, common)
     span.end(end_ns)
     if outcome in ("finished", "failed"):  # the run ended with this step
         _root_span(t, ctx, outcome, detail, end_ns)
@@ -283,19 +284,15 @@ def _chat_span(t: Any, ctx: Any, parent: Any, common: dict[str, Any]) -> None:
 
 
 def _tool_span(
-    t: Any, tc: Any, call_id: str | None, since_ns: int, parent: Any, common: dict[str, Any]
+    t: Any, tc: Any, call_id: str | None, before: int, parent: Any, common: dict[str, Any]
 ) -> None:
-    """The call's span, if this attempt ran it (an attempt of it started in this one)."""
-    from datetime import datetime
-
+    """The call's span, if this step attempt ran it (`before`: its attempts until then)."""
     attempts = []
-    for a in tc.attempts or []:
+    for a in (tc.attempts or [])[before:]:
         try:
-            at = int(datetime.fromisoformat(a["at"]).timestamp() * 1e9)
+            attempts.append((int(datetime.fromisoformat(a["at"]).timestamp() * 1e9), a))
         except (KeyError, TypeError, ValueError):
             continue
-        if at >= since_ns:
-            attempts.append((at, a))
     if not attempts:
         return
     start_ns = attempts[0][0]
