@@ -161,8 +161,11 @@ def _parent(run_id: Any, span_id: int, sampled: bool) -> Any:
 
 
 def capture_content() -> bool:
-    value = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    """Whether spans carry arguments, results and the model's messages (off by default)."""
+    if "content" not in _STATE:
+        value = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
+        _STATE["content"] = value.strip().lower() in ("1", "true", "yes", "on")
+    return _STATE["content"]
 
 
 def bounded(value: Any) -> str:
@@ -177,11 +180,18 @@ def bounded(value: Any) -> str:
     return raw[: max(limit - len(note.encode()), 0)].decode(errors="ignore") + note
 
 
-def step_url(run_id: Any, number: int) -> str:
-    from django.urls import reverse
+_URL: list[str] = []  # the step page's address, {run} and {n} to fill in (reversed once)
+_SAMPLE_RUN = "00000000-0000-4000-8000-000000000000"
 
-    path = reverse("debugger:run-step", kwargs={"run_id": run_id, "number": number})
-    return settings.AGENTRUN_SITE_URL + path
+
+def step_url(run_id: Any, number: int) -> str:
+    """The step's page in the debugger (AGENTRUN_SITE_URL and the page's path)."""
+    if not _URL:
+        from django.urls import reverse
+
+        path = reverse("debugger:run-step", kwargs={"run_id": _SAMPLE_RUN, "number": 7})
+        _URL.append(path.replace(_SAMPLE_RUN, "{run}").replace("/7/", "/{n}/"))
+    return settings.AGENTRUN_SITE_URL + _URL[0].format(run=run_id, n=number)
 
 
 def trace_url(run_id: Any) -> str:
@@ -203,18 +213,15 @@ def emit_step(ctx: Any, outcome: str, detail: str, start_ns: int, end_ns: int) -
     sampled = _sampled(t, trace_id, "invoke_agent")
     if not sampled:
         return
-    common = {
-        "agentrun.run.id": str(run.pk),
-        "agentrun.step.number": step.number,
-        "gen_ai.agent.name": run.agent,
-    }
     _FIXED.span_id = step_span_id(run.pk, step.number, step.attempts)
     span = t.start_span(
         f"step {step.number}",
         context=_parent(run.pk, root_span_id(run.pk), sampled),
         start_time=start_ns,
         attributes={
-            **common,
+            "agentrun.run.id": str(run.pk),
+            "agentrun.step.number": step.number,
+            "gen_ai.agent.name": run.agent,
             "agentrun.step.attempt": step.attempts,
             "agentrun.step.outcome": outcome,
             "agentrun.step.url": step_url(run.pk, step.number),
@@ -229,9 +236,11 @@ def emit_step(ctx: Any, outcome: str, detail: str, start_ns: int, end_ns: int) -
     if outcome in ("failed", "crashed"):
         span.set_status(Status(StatusCode.ERROR, bounded(detail)[:512]))
         span.set_attribute("error.type", _error_type(ctx, detail))
-    _chat_span(t, ctx, step_ctx, common)
+    # The model request and tool calls are the step span's children: the run, step and
+    # agent are on it, not repeated on them (each attribute costs the SDK a check).
+    _chat_span(t, ctx, step_ctx)
     for tc, call_id, before in ctx.acted:
-        _tool_span(t, tc, call_id, before, step_ctx, common)
+        _tool_span(t, tc, call_id, before, step_ctx)
     span.end(end_ns)
     if outcome in ("finished", "failed"):  # the run ended with this step
         _root_span(t, ctx, outcome, detail, end_ns)
@@ -242,14 +251,13 @@ def _error_type(ctx: Any, detail: str) -> str:
     return str(failure.get("type") or detail.split(":", 1)[0] or "error")[:100]
 
 
-def _chat_span(t: Any, ctx: Any, parent: Any, common: dict[str, Any]) -> None:
+def _chat_span(t: Any, ctx: Any, parent: Any) -> None:
     if ctx.llm_window is None or ctx.decision is None or not ctx.decision.llm:
         return
     llm = ctx.decision.llm
     response = llm.get("response") if isinstance(llm.get("response"), dict) else {}
     model = str(llm.get("model") or "")
     attributes: dict[str, Any] = {
-        **common,
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": str(llm.get("provider") or "openai"),
         "gen_ai.request.model": model,
@@ -283,9 +291,7 @@ def _chat_span(t: Any, ctx: Any, parent: Any, common: dict[str, Any]) -> None:
     span.end(end_ns)
 
 
-def _tool_span(
-    t: Any, tc: Any, call_id: str | None, before: int, parent: Any, common: dict[str, Any]
-) -> None:
+def _tool_span(t: Any, tc: Any, call_id: str | None, before: int, parent: Any) -> None:
     """The call's span, if this step attempt ran it (`before`: its attempts until then)."""
     attempts = []
     for a in (tc.attempts or [])[before:]:
@@ -299,7 +305,6 @@ def _tool_span(
     last_at, last = attempts[-1]
     end_ns = last_at + int(float(last.get("duration_ms") or 0) * 1e6)
     attributes: dict[str, Any] = {
-        **common,
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": tc.tool,
         "gen_ai.tool.type": "function",
