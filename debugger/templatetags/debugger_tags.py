@@ -10,6 +10,7 @@ from typing import Any
 from django import template
 from django.utils.safestring import mark_safe
 
+from agentrun.telemetry import tracing
 from debugger.formats import human, ms, usd
 from debugger.jsontree import human_bytes, mark_escapes, run_input_tree
 
@@ -19,6 +20,18 @@ register.filter(human)
 register.filter(usd)
 
 JSON_LIMIT = 100_000
+
+
+@register.filter
+def trace_id(run_id: Any) -> str:
+    """The run's trace id (its id, as 32 hex digits)."""
+    return tracing.trace_id_of(run_id)
+
+
+@register.filter
+def trace_url(run_id: Any) -> str:
+    """The run's trace in the operator's tracing UI (AGENTRUN_TRACE_URL), or ""."""
+    return tracing.trace_url(run_id)
 
 
 @register.filter

@@ -1,0 +1,77 @@
+"""Tracing in one process: off without an endpoint, content only when asked for (redacted and
+cut to size), and the run page's link to the run's trace."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from agentrun.telemetry import tracing
+from tests.base import calls, drive, final, make_run, script
+
+
+@pytest.fixture
+def exported(monkeypatch):
+    """Spans this process emits, kept in memory (the exporter the SDK ships for tests)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(id_generator=tracing._Ids())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(
+        tracing, "_STATE", {"provider": provider, "tracer": provider.get_tracer("test")}
+    )
+    return exporter
+
+
+def test_no_endpoint_no_tracer(monkeypatch):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tracing, "_STATE", {})
+    assert tracing.tracer() is None and not tracing.enabled()
+    monkeypatch.setattr(tracing, "_STATE", {})
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert tracing.tracer() is None
+
+
+def test_oversized_values_are_cut_and_say_their_size(settings):
+    settings.AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES = 100
+    assert tracing.bounded("short") == "short"
+    long = "é" * 500  # 1,000 bytes
+    cut = tracing.bounded(long)
+    assert len(cut.encode()) <= 100 and cut.endswith("… [1000 bytes]")
+    assert tracing.bounded({"a": [1, 2]}) == '{"a": [1, 2]}'
+
+
+@pytest.mark.django_db(transaction=True)
+def test_content_is_exported_only_when_asked_and_then_redacted(exported, monkeypatch, settings):
+    settings.AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES = 200
+    args = {"q": "find", "api_key": "sk-live-0123456789abcdef", "blob": "x" * 1000}
+    run = drive(make_run(script(calls({"tool": "echo", "args": args}), final())))
+    assert run.status == "succeeded"
+    (tool,) = [s for s in exported.get_finished_spans() if s.name == "execute_tool echo"]
+    assert not any("arguments" in k or "result" in k for k in tool.attributes)
+
+    exported.clear()
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    tracing._STATE.pop("content", None)
+    run = drive(make_run(script(calls({"tool": "echo", "args": args}), final())))
+    (tool,) = [s for s in exported.get_finished_spans() if s.name == "execute_tool echo"]
+    sent = tool.attributes["gen_ai.tool.call.arguments"]
+    assert sent.startswith('{"api_key": "[REDACTED]", "blob": "xxx')  # redacted when stored
+    assert "sk-live-0123456789abcdef" not in sent
+    assert len(sent.encode()) <= 200 and sent.endswith("bytes]")
+    assert "gen_ai.tool.call.result" in tool.attributes
+
+
+@pytest.mark.django_db
+def test_the_run_page_links_to_its_trace(client_for, settings):
+    run = make_run()
+    client = client_for("viewer")
+    settings.AGENTRUN_TRACE_URL = ""
+    assert 'id="run-trace"' not in client.get(f"/runs/{run.pk}/").content.decode()
+    settings.AGENTRUN_TRACE_URL = "https://jaeger.example.com/trace/{trace_id}"
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert f'href="https://jaeger.example.com/trace/{run.pk.hex}"' in html
+    assert tracing.trace_id_of(run.pk) == run.pk.hex
