@@ -347,6 +347,19 @@ AGENTRUN_WORKER_METRICS_ADDR = env("AGENTRUN_WORKER_METRICS_ADDR", "127.0.0.1")
 AGENTRUN_TRACE_URL = env("AGENTRUN_TRACE_URL")
 # A span attribute longer than this (UTF-8 bytes) is cut, and says how long it was.
 AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES = env_int("AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES", 4096)
+# The failure webhook (agentrun.telemetry.webhooks): JSON posted here when a run fails or a
+# step keeps crashing, signed (HMAC-SHA256) with the secret, which is then required.
+AGENTRUN_WEBHOOK_URL = env("AGENTRUN_WEBHOOK_URL")
+AGENTRUN_WEBHOOK_SECRET = env("AGENTRUN_WEBHOOK_SECRET")
+if AGENTRUN_WEBHOOK_URL and urlparse(AGENTRUN_WEBHOOK_URL).scheme not in ("http", "https"):
+    raise ValueError("AGENTRUN_WEBHOOK_URL must be an http:// or https:// URL")
+if AGENTRUN_WEBHOOK_URL and not AGENTRUN_WEBHOOK_SECRET:
+    raise ValueError("AGENTRUN_WEBHOOK_URL needs AGENTRUN_WEBHOOK_SECRET to sign what it sends")
+# A failed delivery is tried again after this many seconds, doubled each time (at most an
+# hour), until this many attempts; each attempt waits this long for an answer.
+AGENTRUN_WEBHOOK_RETRY_SECONDS = env_float("AGENTRUN_WEBHOOK_RETRY_SECONDS", 10.0)
+AGENTRUN_WEBHOOK_MAX_ATTEMPTS = env_int("AGENTRUN_WEBHOOK_MAX_ATTEMPTS", 8)
+AGENTRUN_WEBHOOK_TIMEOUT = env_float("AGENTRUN_WEBHOOK_TIMEOUT", 10.0)
 
 LOGGING = {
     "version": 1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agentrun.telemetry import metrics, tracing
+from agentrun.telemetry import metrics, tracing, webhooks
 
 #: Outcomes after which the step's tool calls are as its attempt left them on record.
 ENDED = ("committed", "finished", "failed")
@@ -28,6 +28,8 @@ def step_ended(ctx: Any, outcome: str, detail: str = "") -> None:
             metrics.TOOL_CALLS.labels(agent, tc.tool, tc.status).inc()
     if tracing.tracer() is not None:
         tracing.emit_step(ctx, outcome, detail, end_ns - int(seconds * 1e9), end_ns)
+    if outcome == "failed" and webhooks.enabled():
+        webhooks.run_failed(ctx.run.pk)
 
 
 def step_crashed(ctx: Any, exc: BaseException) -> None:
