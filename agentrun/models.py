@@ -780,6 +780,34 @@ class WebhookDelivery(models.Model):
         return f"{self.event} of {self.run_id} ({self.status})"
 
 
+class SavedView(models.Model):
+    """A named filter of the run list, an operator's own. Its filter is the run list's
+    query (agentrun.lifecycle.selection's fields), so its link is the run list's URL with
+    that query: one anyone with a role can open."""
+
+    # No index of its own: savedview_owner_name starts with owner.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    name = models.CharField(max_length=100)
+    query = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    #: The most views an operator keeps.
+    MAX_PER_OWNER = 50
+
+    class Meta:
+        ordering = ["owner", "name"]
+        constraints = [
+            # A name once per operator (saving it again replaces its filter); also the way
+            # from an operator to their views, in name order.
+            models.UniqueConstraint(fields=["owner", "name"], name="savedview_owner_name"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class ApiToken(models.Model):
     """Bearer tokens for the JSON API; only a hash is stored."""
 
