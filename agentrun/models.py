@@ -129,6 +129,9 @@ class Run(models.Model):
     created_version = models.CharField(max_length=64, blank=True)
     target_version = models.CharField(max_length=64, blank=True)
     code_version = models.CharField(max_length=64, blank=True)
+    # The W3C traceparent of the traced request that started the run (agentrun.telemetry.tracing):
+    # its trace is the run's. Blank: the run's trace id is its own id.
+    trace_parent = models.CharField(max_length=55, blank=True, default="", db_default="")
     # A fork made by a replay batch: the batch hears when it ends.
     batch = models.ForeignKey(
         "ReplayBatch",

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 from datetime import datetime
 from typing import Any
@@ -120,13 +121,32 @@ def flush() -> None:
 
 # --- ids ----------------------------------------------------------------------------------
 
-
-def trace_id_of(run_id: Any) -> str:
-    """The run's trace id, as tracing UIs show it (32 hex digits)."""
-    return f"{_trace_int(run_id):032x}"
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 
-def _trace_int(run_id: Any) -> int:
+def parse_traceparent(value: Any) -> str:
+    """A W3C traceparent header as stored (version 00, lower case), or "" when it is
+    missing or not one (the standard says to ignore a malformed one, not to refuse)."""
+    if not isinstance(value, str):
+        return ""
+    match = _TRACEPARENT.match(value.strip().lower())
+    if not match or set(match[1]) == {"0"} or set(match[2]) == {"0"}:
+        return ""
+    return match[0]
+
+
+def trace_id_of(run: Any) -> str:
+    """The run's trace id, as tracing UIs show it (32 hex digits): the trace of the request
+    that started it, if a traced one did, else the run's own id."""
+    return f"{_trace_int(run):032x}"
+
+
+def _trace_int(run: Any) -> int:
+    """`run`: a Run (its trace_parent counts) or a run id."""
+    parent = getattr(run, "trace_parent", "")
+    if parent:
+        return int(parent[3:35], 16)
+    run_id = getattr(run, "pk", run)
     return int(str(run_id).replace("-", ""), 16) or 1
 
 
@@ -151,9 +171,9 @@ def _sampled(t: Any, trace_id: int, name: str) -> bool:
     return provider.sampler.should_sample(None, trace_id, name).decision.is_sampled()
 
 
-def _parent(run_id: Any, span_id: int, sampled: bool) -> Any:
+def _parent(trace_id: int, span_id: int, sampled: bool) -> Any:
     flags = Flags(Flags.SAMPLED if sampled else Flags.DEFAULT)
-    parent = SpanContext(_trace_int(run_id), span_id, is_remote=True, trace_flags=flags)
+    parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
     return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
@@ -194,10 +214,10 @@ def step_url(run_id: Any, number: int) -> str:
     return settings.AGENTRUN_SITE_URL + _URL[0].format(run=run_id, n=number)
 
 
-def trace_url(run_id: Any) -> str:
+def trace_url(run: Any) -> str:
     """The run's trace in the operator's tracing UI (AGENTRUN_TRACE_URL), or ""."""
     template = settings.AGENTRUN_TRACE_URL
-    return template.replace("{trace_id}", trace_id_of(run_id)) if template else ""
+    return template.replace("{trace_id}", trace_id_of(run)) if template else ""
 
 
 # --- spans --------------------------------------------------------------------------------
@@ -209,14 +229,14 @@ def emit_step(ctx: Any, outcome: str, detail: str, start_ns: int, end_ns: int) -
     if t is None:
         return
     run, step = ctx.run, ctx.step
-    trace_id = _trace_int(run.pk)
+    trace_id = _trace_int(run)
     sampled = _sampled(t, trace_id, "invoke_agent")
     if not sampled:
         return
     _FIXED.span_id = step_span_id(run.pk, step.number, step.attempts)
     span = t.start_span(
         f"step {step.number}",
-        context=_parent(run.pk, root_span_id(run.pk), sampled),
+        context=_parent(trace_id, root_span_id(run.pk), sampled),
         start_time=start_ns,
         attributes={
             "agentrun.run.id": str(run.pk),
@@ -243,7 +263,7 @@ def emit_step(ctx: Any, outcome: str, detail: str, start_ns: int, end_ns: int) -
         _tool_span(t, tc, call_id, before, step_ctx)
     span.end(end_ns)
     if outcome in ("finished", "failed"):  # the run ended with this step
-        _root_span(t, ctx, outcome, detail, end_ns)
+        _root_span(t, ctx, outcome, detail, end_ns, trace_id)
 
 
 def _error_type(ctx: Any, detail: str) -> str:
@@ -332,18 +352,22 @@ def _tool_span(t: Any, tc: Any, call_id: str | None, before: int, parent: Any) -
     span.end(max(end_ns, start_ns))
 
 
-def _root_span(t: Any, ctx: Any, outcome: str, detail: str, end_ns: int) -> None:
+def _root_span(t: Any, ctx: Any, outcome: str, detail: str, end_ns: int, trace_id: int) -> None:
     run = ctx.run
     started = run.started_at or run.created_at
     start_ns = int(started.timestamp() * 1e9) if started else end_ns
     links = []
     if run.parent_id and run.forked_from_id:
         links.append(_fork_link(run))
-    _FIXED.trace_id = _trace_int(run.pk)
+    if run.trace_parent:  # a child of the span of the request that started the run
+        context = _parent(trace_id, int(run.trace_parent[36:52], 16), True)
+    else:  # the root of a trace of its own, whose id is the run's
+        context = trace.set_span_in_context(trace.INVALID_SPAN)
+        _FIXED.trace_id = trace_id
     _FIXED.span_id = root_span_id(run.pk)
     span = t.start_span(
         f"invoke_agent {run.agent}",
-        context=trace.set_span_in_context(trace.INVALID_SPAN),
+        context=context,
         start_time=min(start_ns, end_ns),
         links=[link for link in links if link is not None],
         attributes={
@@ -363,10 +387,11 @@ def _root_span(t: Any, ctx: Any, outcome: str, detail: str, end_ns: int) -> None
 
 
 def _fork_link(run: Any) -> Link | None:
-    from agentrun.models import Snapshot, Step
+    from agentrun.models import Run, Snapshot, Step
 
     snap = Snapshot.objects.filter(pk=run.forked_from_id).values("run_id", "step").first()
-    if snap is None:
+    parent = Run.objects.filter(pk=run.parent_id).only("id", "trace_parent").first()
+    if snap is None or parent is None:
         return None
     attempts = (
         Step.objects.filter(run_id=snap["run_id"], number=snap["step"])
@@ -375,10 +400,10 @@ def _fork_link(run: Any) -> Link | None:
     )
     if attempts is None:
         return None
-    parent = SpanContext(
-        _trace_int(snap["run_id"]),
+    source = SpanContext(
+        _trace_int(parent),
         step_span_id(snap["run_id"], snap["step"], attempts),
         is_remote=True,
         trace_flags=Flags(Flags.SAMPLED),
     )
-    return Link(parent, {"agentrun.link": "forked_from", "agentrun.step.number": snap["step"]})
+    return Link(source, {"agentrun.link": "forked_from", "agentrun.step.number": snap["step"]})

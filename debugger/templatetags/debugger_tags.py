@@ -23,15 +23,15 @@ JSON_LIMIT = 100_000
 
 
 @register.filter
-def trace_id(run_id: Any) -> str:
-    """The run's trace id (its id, as 32 hex digits)."""
-    return tracing.trace_id_of(run_id)
+def trace_id(run: Any) -> str:
+    """The run's trace id (32 hex digits)."""
+    return tracing.trace_id_of(run)
 
 
 @register.filter
-def trace_url(run_id: Any) -> str:
+def trace_url(run: Any) -> str:
     """The run's trace in the operator's tracing UI (AGENTRUN_TRACE_URL), or ""."""
-    return tracing.trace_url(run_id)
+    return tracing.trace_url(run)
 
 
 @register.filter

@@ -75,3 +75,42 @@ def test_the_run_page_links_to_its_trace(client_for, settings):
     html = client.get(f"/runs/{run.pk}/").content.decode()
     assert f'href="https://jaeger.example.com/trace/{run.pk.hex}"' in html
     assert tracing.trace_id_of(run.pk) == run.pk.hex
+
+
+REQUEST_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+REQUEST_SPAN = "00f067aa0ba902b7"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_started_in_a_traced_request_joins_its_trace(exported, people, settings):
+    from django.test import Client
+
+    from agentrun.models import ApiToken, Run
+
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {ApiToken.issue(people['operator'])}")
+    body = {"agent": "scripted", "input": script(calls({"tool": "echo", "args": {}}), final())}
+    response = api.post(
+        "/api/runs",
+        body,
+        content_type="application/json",
+        HTTP_TRACEPARENT=f"00-{REQUEST_TRACE}-{REQUEST_SPAN}-01",
+    )
+    assert response.status_code == 201, response.content
+    run = drive(Run.objects.get(pk=response.json()["id"]))
+    assert run.trace_parent == f"00-{REQUEST_TRACE}-{REQUEST_SPAN}-01"
+    spans = exported.get_finished_spans()
+    assert {f"{s.context.trace_id:032x}" for s in spans} == {REQUEST_TRACE}
+    (root,) = [s for s in spans if s.name == "invoke_agent scripted"]
+    assert f"{root.parent.span_id:016x}" == REQUEST_SPAN  # under the request's span
+    assert tracing.trace_id_of(run) == REQUEST_TRACE
+    settings.AGENTRUN_TRACE_URL = "http://jaeger:16686/trace/{trace_id}"
+    assert tracing.trace_url(run) == f"http://jaeger:16686/trace/{REQUEST_TRACE}"
+
+    # A malformed header is ignored (W3C Trace Context): the run has a trace of its own.
+    for bad in ("00-zz-00f067aa0ba902b7-01", f"00-{'0' * 32}-{REQUEST_SPAN}-01", "x" * 500):
+        response = api.post(
+            "/api/runs", body, content_type="application/json", HTTP_TRACEPARENT=bad
+        )
+        assert response.status_code == 201
+        started = Run.objects.get(pk=response.json()["id"])
+        assert started.trace_parent == "" and tracing.trace_id_of(started) == started.pk.hex
