@@ -59,6 +59,25 @@ TOOL_CALLS = Counter(
     "Tool calls of the steps this worker ended, by agent, tool and status",
     ["agent", "tool", "status"],
 )
+RECONCILER = Counter(
+    "agentrun_reconciler_actions",
+    "What the reconciler's passes in this worker did: runs re-enqueued (a lost wake-up, a "
+    "dead worker's expired lease, a due backoff), hybrid calls compensated, failures "
+    "notified to the webhook and webhook retries sent again",
+    ["action"],
+)
+
+
+def count_reconciled(done: dict[str, Any]) -> None:
+    """Count one reconciler pass's actions (its summary, as the task returns it)."""
+    webhooks = done.get("webhooks") or {}
+    for action, n in (
+        ("enqueued", done.get("enqueued", 0)),
+        ("compensated", done.get("compensated", 0)),
+        ("webhook_notified", webhooks.get("notified", 0)),
+        ("webhook_resent", webhooks.get("resent", 0)),
+    ):
+        RECONCILER.labels(action).inc(n)
 
 
 def serve_worker_metrics() -> int | None:

@@ -156,3 +156,20 @@ def test_metrics_need_the_token_and_are_off_without_one(db, settings):
     refused = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong")
     assert refused.status_code == 401 and b"agentrun_" not in refused.content
     assert Client().post("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 405
+
+
+def test_the_reconcilers_re_enqueues_are_counted(start_worker, settings):
+    settings.AGENTRUN_ENQUEUE = False  # the runs' wake-ups are lost: only the reconciler finds them
+    lost = [services.start_run("scripted", script(calls({"tool": "echo", "args": {}}), final())) for _ in range(2)]  # fmt: skip
+    port = free_port()
+    start_worker(beat=True, AGENTRUN_WORKER_METRICS_PORT=str(port))
+    wait_until(
+        lambda: Run.objects.filter(pk__in=[r.pk for r in lost], status="succeeded").count() == 2,
+        timeout=60,
+        what="the reconciler to find the runs",
+    )
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:  # noqa: S310
+        worker = samples(response.read().decode())
+    # Each run re-enqueued at least once (a pass may come again before its step is claimed).
+    assert worker[("agentrun_reconciler_actions_total", (("action", "enqueued"),))] >= 2
+    assert worker[("agentrun_reconciler_actions_total", (("action", "compensated"),))] == 0
