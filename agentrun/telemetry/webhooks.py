@@ -1,5 +1,6 @@
-"""The failure webhook: a JSON POST to AGENTRUN_WEBHOOK_URL when a run fails or a step keeps
-crashing (its run waits for an operator), signed with AGENTRUN_WEBHOOK_SECRET.
+"""The failure webhook: a JSON POST to AGENTRUN_WEBHOOK_URL when a run fails, a step keeps
+crashing (its run waits for an operator) or a run is stuck (not ended, and nothing happened
+to it for AGENTRUN_WEBHOOK_STUCK_MINUTES), signed with AGENTRUN_WEBHOOK_SECRET.
 
 Each notification is a `WebhookDelivery` row, made once per (run, event, step): by the
 worker as the run fails, or by the reconciler for one it missed (a worker killed just
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 TASK = "agentrun.webhook"
 RUN_FAILED = "run_failed"
 STEP_CRASHED = "step_crashed"
+RUN_STUCK = "run_stuck"
 # The reconciler looks this far back for failures nobody notified.
 LOOK_BACK = timedelta(hours=1)
 
@@ -61,7 +63,11 @@ def sign(body: bytes, timestamp: str, secret: str) -> str:
 
 def payload(run: Run, event: str, step: int) -> dict[str, Any]:
     url = f"{settings.AGENTRUN_SITE_URL}/runs/{run.pk}/steps/{step}/"
-    what = "failed" if event == RUN_FAILED else "is waiting: a step kept crashing"
+    what = {
+        RUN_FAILED: "failed",
+        STEP_CRASHED: "is waiting: a step kept crashing",
+        RUN_STUCK: f"is stuck ({run.status}{', ' + run.wait_reason if run.wait_reason else ''})",
+    }[event]
     error = (run.error or "").strip()
     text = f"agentrun: run {str(run.pk)[:8]} ({run.agent}) {what} at step {step}"
     text += f": {error[:300]}" if error else ""
@@ -190,16 +196,23 @@ def sweep() -> dict[str, int]:
         pinned_at__isnull=True,
     )
     crashed = local.filter(status=RunStatus.WAITING, wait_reason=WaitReason.CRASHED)
+    stuck: list[Run] = []
+    if settings.AGENTRUN_WEBHOOK_STUCK_MINUTES > 0:
+        # Not ended, and not changed for that long (an approval nobody gives, a run no
+        # worker takes, a backoff that keeps failing). Active runs are few.
+        cutoff = now - timedelta(minutes=settings.AGENTRUN_WEBHOOK_STUCK_MINUTES)
+        stuck = list(local.active().filter(updated_at__lt=cutoff).exclude(pk__in=crashed))
     done = set(
         WebhookDelivery.objects.filter(created_at__gte=now - 2 * LOOK_BACK).values_list(
             "run_id", "event", "step"
         )
     )
-    for run in [*failed, *crashed]:
-        if run.status == RunStatus.FAILED:
-            event, step = RUN_FAILED, run.next_step - 1
-        else:
-            event, step = STEP_CRASHED, run.next_step
+    for run, event in [
+        *((r, RUN_FAILED) for r in failed),
+        *((r, STEP_CRASHED) for r in crashed),
+        *((r, RUN_STUCK) for r in stuck),
+    ]:
+        step = run.next_step - 1 if event == RUN_FAILED else run.next_step
         if (run.pk, event, step) not in done and notify(run, event, step) is not None:
             notified += 1
     overdue = WebhookDelivery.objects.filter(

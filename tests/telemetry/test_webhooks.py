@@ -66,3 +66,33 @@ def test_no_url_no_deliveries(settings):
     failed_run()
     assert webhooks.sweep() == {"notified": 0, "resent": 0}
     assert not WebhookDelivery.objects.exists()
+
+
+def test_a_crashing_step_and_a_stuck_run_are_notified_once_each(settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agentrun.models import Run
+
+    with HookReceiver() as receiver:
+        settings.AGENTRUN_WEBHOOK_URL, settings.AGENTRUN_WEBHOOK_SECRET = receiver.url, "s"
+        settings.AGENTRUN_WEBHOOK_STUCK_MINUTES = 30
+        crashed, stuck, fresh = make_run(), make_run(), make_run()
+        Run.objects.filter(pk=crashed.pk).update(status="waiting", wait_reason="crashed")
+        an_hour_ago = timezone.now() - timedelta(hours=1)
+        Run.objects.filter(pk__in=[stuck.pk, crashed.pk]).update(updated_at=an_hour_ago)
+        assert webhooks.sweep()["notified"] == 2
+        assert webhooks.sweep()["notified"] == 0
+        made = {(d.run_id, d.event, d.step) for d in WebhookDelivery.objects.all()}
+        assert made == {(crashed.pk, "step_crashed", 1), (stuck.pk, "run_stuck", 1)}
+        for delivery in WebhookDelivery.objects.all():
+            webhooks.deliver(delivery.pk)
+        texts = {p.json["event"]: p.json["text"] for p in receiver.posts}
+        assert "is stuck (queued)" in texts["run_stuck"]
+        assert "a step kept crashing" in texts["step_crashed"]
+        assert str(fresh.pk)[:8] not in " ".join(texts.values())
+
+        settings.AGENTRUN_WEBHOOK_STUCK_MINUTES = 0  # off
+        WebhookDelivery.objects.filter(event="run_stuck").delete()
+        assert webhooks.sweep()["notified"] == 0
