@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
+from agentrun.lifecycle import selection
 from agentrun.models import SavedView
 from debugger.access import check, role_required
 from debugger.forms import RunFilterForm
@@ -23,8 +24,10 @@ class SaveViewForm(forms.Form):
 
 
 def view_url(query: dict) -> str:
-    """The run list with this filter: the saved view's shareable link."""
-    text = urlencode(query, doseq=True)
+    """The run list with this filter: the saved view's shareable link (its parameters in
+    the selection's order, whatever order the database hands the JSON back in)."""
+    ordered = [(name, query[name]) for name in selection.FIELDS if name in query]
+    text = urlencode(ordered, doseq=True)
     return reverse("debugger:run-list") + (f"?{text}" if text else "")
 
 

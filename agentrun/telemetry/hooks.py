@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from agentrun.telemetry import metrics, tracing, webhooks
+
+log = logging.getLogger(__name__)
 
 #: Outcomes after which the step's tool calls are as its attempt left them on record.
 ENDED = ("committed", "finished", "failed")
 
 
 def step_ended(ctx: Any, outcome: str, detail: str = "") -> None:
-    """Count and time one step attempt, and emit its spans (when traces are on)."""
+    """Count and time one step attempt, emit its spans (when traces are on), notify the
+    webhook of a failed run. Never raises: what the step did is committed already, and
+    telemetry that fails must not make it look like a crash."""
+    try:
+        _step_ended(ctx, outcome, detail)
+    except Exception:
+        log.exception("telemetry of step %s of run %s failed", ctx.step.number, ctx.run.pk)
+
+
+def _step_ended(ctx: Any, outcome: str, detail: str) -> None:
     seconds = time.perf_counter() - ctx.started
     end_ns = time.time_ns()  # the same moment on the wall clock, for the spans
     agent = ctx.run.agent

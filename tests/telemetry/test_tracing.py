@@ -114,3 +114,14 @@ def test_a_run_started_in_a_traced_request_joins_its_trace(exported, people, set
         assert response.status_code == 201
         started = Run.objects.get(pk=response.json()["id"])
         assert started.trace_parent == "" and tracing.trace_id_of(started) == started.pk.hex
+
+
+@pytest.mark.django_db(transaction=True)
+def test_telemetry_that_fails_does_not_fail_the_step(exported, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the exporter's bug")
+
+    monkeypatch.setattr(tracing, "emit_step", broken)
+    run = drive(make_run())
+    assert run.status == "succeeded" and run.steps.filter(crashes__gt=0).count() == 0
+    assert "telemetry of step 1 of run" in caplog.text
