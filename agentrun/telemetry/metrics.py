@@ -101,13 +101,9 @@ def serve_worker_metrics() -> int | None:
 # --- read from the database at scrape time ----------------------------------------------------
 
 
-class DatabaseCollector(Collector):
-    """The runs, steps, tokens, cost and workers the database holds, at scrape time.
-
-    Two aggregate queries over the run table (one row a run, never deleted by retention,
-    so the totals only grow) and one over the few live workers; the answer is kept for
-    AGENTRUN_METRICS_CACHE_SECONDS so that several scrapers cost one query.
-    """
+class CachedCollector(Collector):
+    """A collector whose families are read at most once per AGENTRUN_METRICS_CACHE_SECONDS,
+    so that several scrapers (or a scrape of every gunicorn worker) cost one read."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -121,6 +117,32 @@ class DatabaseCollector(Collector):
                 self._families = self._read()
                 self._at = time.monotonic()
             return list(self._families)
+
+    def _read(self) -> list[Any]:
+        raise NotImplementedError
+
+
+class CountsCollector(CachedCollector):
+    """A gauge of counts by one label, from a function that reads them (`read()` →
+    {label value: count}): how layers above this one add what they know, unimported here."""
+
+    def __init__(self, name: str, documentation: str, label: str, read: Any) -> None:
+        super().__init__()
+        self.name, self.documentation, self.label, self.read = name, documentation, label, read
+
+    def _read(self) -> list[Any]:
+        gauge = GaugeMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, n in sorted(self.read().items()):
+            gauge.add_metric([value], n)
+        return [gauge]
+
+
+class DatabaseCollector(CachedCollector):
+    """The runs, steps, tokens, cost and workers the database holds, at scrape time.
+
+    Two aggregate queries over the run table (one row a run, never deleted by retention,
+    so the totals only grow) and one over the few live workers.
+    """
 
     def _read(self) -> list[Any]:
         started = time.perf_counter()
@@ -214,3 +236,11 @@ class DatabaseCollector(Collector):
 #: The web's /metrics: the database's view (the web process runs no steps of its own).
 WEB_REGISTRY = CollectorRegistry(auto_describe=False)
 WEB_REGISTRY.register(DatabaseCollector())
+_COUNTS: set[str] = set()
+
+
+def add_counts(name: str, documentation: str, label: str, read: Any) -> None:
+    """Serve a gauge of counts on the web's /metrics (once per name, however often asked)."""
+    if name not in _COUNTS:
+        _COUNTS.add(name)
+        WEB_REGISTRY.register(CountsCollector(name, documentation, label, read))

@@ -173,3 +173,18 @@ def test_the_reconcilers_re_enqueues_are_counted(start_worker, settings):
     # Each run re-enqueued at least once (a pass may come again before its step is claimed).
     assert worker[("agentrun_reconciler_actions_total", (("action", "enqueued"),))] >= 2
     assert worker[("agentrun_reconciler_actions_total", (("action", "compensated"),))] == 0
+
+
+def test_runs_in_flight_by_state_as_the_now_page_counts_them(db, settings):
+    from agentrun.engine import inflight
+    from tests.base import make_in_flight
+
+    settings.AGENTRUN_METRICS_TOKEN = TOKEN
+    settings.AGENTRUN_METRICS_CACHE_SECONDS = 0
+    make_in_flight("deciding", 2)
+    make_in_flight("approval", 1)
+    web = scrape_web(Client())
+    counts = inflight.counts()
+    assert counts["deciding"] == 2 and counts["approval"] == 1
+    for state, n in counts.items():
+        assert web[("agentrun_runs_in_flight", (("state", state),))] == n
