@@ -337,6 +337,36 @@ AGENTRUN_IMPORT_MAX_BYTES = env_int("AGENTRUN_IMPORT_MAX_BYTES", 1024**3)
 AGENTRUN_IMPORT_MAX_EXPANDED_BYTES = env_int("AGENTRUN_IMPORT_MAX_EXPANDED_BYTES", 8 * 1024**3)
 AGENTRUN_IMPORT_MAX_LINE_BYTES = env_int("AGENTRUN_IMPORT_MAX_LINE_BYTES", 256 * 1024**2)
 
+# --- observability (docs/operations/observability.md) -------------------------------------
+# The web's /metrics answers only a request with "Authorization: Bearer <this token>";
+# unset, /metrics is off (404). It reads the database at most once per this many seconds.
+AGENTRUN_METRICS_TOKEN = env("AGENTRUN_METRICS_TOKEN")
+AGENTRUN_METRICS_CACHE_SECONDS = env_float("AGENTRUN_METRICS_CACHE_SECONDS", 5.0)
+# Each worker process serves its own metrics (steps, model requests, tool calls it ran) on
+# this port, bound to this address (no login: bind it where only Prometheus reaches). 0: off.
+AGENTRUN_WORKER_METRICS_PORT = env_int("AGENTRUN_WORKER_METRICS_PORT", 0)
+AGENTRUN_WORKER_METRICS_ADDR = env("AGENTRUN_WORKER_METRICS_ADDR", "127.0.0.1")
+# Traces are configured by the standard OTEL_* variables. The run page links to the run's
+# trace in the operator's tracing UI through this template ({trace_id}: 32 hex digits).
+AGENTRUN_TRACE_URL = env("AGENTRUN_TRACE_URL")
+# A span attribute longer than this (UTF-8 bytes) is cut, and says how long it was.
+AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES = env_int("AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES", 4096)
+# The failure webhook (agentrun.telemetry.webhooks): JSON posted here when a run fails or a
+# step keeps crashing, signed (HMAC-SHA256) with the secret, which is then required.
+AGENTRUN_WEBHOOK_URL = env("AGENTRUN_WEBHOOK_URL")
+AGENTRUN_WEBHOOK_SECRET = env("AGENTRUN_WEBHOOK_SECRET")
+if AGENTRUN_WEBHOOK_URL and urlparse(AGENTRUN_WEBHOOK_URL).scheme not in ("http", "https"):
+    raise ValueError("AGENTRUN_WEBHOOK_URL must be an http:// or https:// URL")
+if AGENTRUN_WEBHOOK_URL and not AGENTRUN_WEBHOOK_SECRET:
+    raise ValueError("AGENTRUN_WEBHOOK_URL needs AGENTRUN_WEBHOOK_SECRET to sign what it sends")
+# A failed delivery is tried again after this many seconds, doubled each time (at most an
+# hour), until this many attempts; each attempt waits this long for an answer.
+AGENTRUN_WEBHOOK_RETRY_SECONDS = env_float("AGENTRUN_WEBHOOK_RETRY_SECONDS", 10.0)
+AGENTRUN_WEBHOOK_MAX_ATTEMPTS = env_int("AGENTRUN_WEBHOOK_MAX_ATTEMPTS", 8)
+AGENTRUN_WEBHOOK_TIMEOUT = env_float("AGENTRUN_WEBHOOK_TIMEOUT", 10.0)
+# A run not ended and unchanged for this many minutes is notified as stuck (once per step); 0: never.
+AGENTRUN_WEBHOOK_STUCK_MINUTES = env_float("AGENTRUN_WEBHOOK_STUCK_MINUTES", 60.0)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

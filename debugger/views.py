@@ -27,13 +27,22 @@ from agentrun.engine import inflight
 from agentrun.engine.versions import alive_workers, versions_alive
 from agentrun.lifecycle import batches, services
 from agentrun.lifecycle.runids import RunIdError, resolve_run
-from agentrun.models import RETRY_EVENTS, Event, ReplayBatch, Run, Snapshot, Step, Worker
+from agentrun.models import (
+    RETRY_EVENTS,
+    Event,
+    ReplayBatch,
+    Run,
+    SavedView,
+    Snapshot,
+    Step,
+    Worker,
+)
 from agentrun.security.redact import redact
 from agentrun.store import watch
 from agentrun.store.delta import state_hash
 from agentrun.tools import REGISTRY as TOOLS
 from debugger import audit as audit_log
-from debugger import charts, compare, forks, progress, timeline, versions
+from debugger import charts, compare, forks, progress, saved, timeline, versions
 from debugger.access import abilities, check, get_batch_for, get_run_for, role_required
 from debugger.diffs import SnapshotRef, StateDiff, diff_states
 from debugger.forms import (
@@ -123,8 +132,14 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         if request.GET.get("v") == token and active:
             return HttpResponse(status=204)
         return _stop_polling_unless(active, render(request, "debugger/run_list.html#rows", context))
+    query = form.query() if form.is_valid() else None
     context.update(
         _inflight_counts(),
+        saved_views=[
+            {"view": v, "url": saved.view_url(v.query), "current": v.query == query}
+            for v in SavedView.objects.filter(owner=request.user)
+        ],
+        filter_query=urlencode(query, doseq=True) if query else "",
         known_versions=sorted(set(Worker.objects.values_list("version", flat=True))),
         tools=sorted(TOOLS),
         # What the runs this filter selects used, all of them (not only this page).

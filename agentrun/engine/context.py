@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from agentrun.agents import Agent, Call, CallResult, StepContext
+from agentrun.agents import Agent, Call, CallResult, Decision, StepContext
 from agentrun.models import (
     Run,
     RunStatus,
@@ -59,6 +59,13 @@ class Claimed:
     chain_until: float = 0.0
     read_hits: dict[int, Any] = field(default_factory=dict)  # read cache, by call index
     next: Claimed | None = None  # the next step, claimed by this one's commit
+    # For telemetry: the decision this attempt acted on, its calls (each with its call id
+    # and the attempts it had before this step attempt), when its model was asked (wall
+    # clock, ns) and the failure it ended with.
+    decision: Decision | None = None
+    acted: list[tuple[ToolCall, str | None, int]] = field(default_factory=list)
+    llm_window: tuple[int, int] | None = None
+    failure: dict[str, Any] | None = None
 
     @property
     def sctx(self) -> StepContext:

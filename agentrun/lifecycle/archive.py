@@ -501,9 +501,17 @@ def _records(stream: IO[bytes], sha: Any = None) -> Iterator[tuple[int, dict[str
 
 _REQUIRED = object()
 #: Fields added after the format's first version: an archive from before them imports
-#: with their defaults (no code version, no cached tokens or cost recorded).
+#: with their defaults (no code version, no cached tokens or cost recorded, no trace of a
+#: request that started it).
 _ADDED_LATER = frozenset(
-    {"created_version", "target_version", "code_version", "tokens_cached", "cost_usd"}
+    {
+        "created_version",
+        "target_version",
+        "code_version",
+        "tokens_cached",
+        "cost_usd",
+        "trace_parent",
+    }
 )
 
 

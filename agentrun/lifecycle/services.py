@@ -33,6 +33,7 @@ from agentrun.models import (
 from agentrun.security import storable
 from agentrun.security.redact import redact
 from agentrun.store import callsearch, compaction
+from agentrun.telemetry import tracing
 
 #: The longest reason or comment an operator may write (cancel, retry, approve, fork, pin,
 #: batches), through the API, the forms and the commands alike: it goes into the audit
@@ -67,11 +68,14 @@ def refuse_if_imported(run: Run) -> None:
         )
 
 
-def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = None) -> Run:
+def start_run(
+    agent_name: Any, input: Any, *, user: Any = None, labels: Any = None, trace_parent: str = ""
+) -> Run:
     """Validate and create a queued run, then wake a worker for its first step.
 
     `labels` ({"key": "value"}, see agentrun.lifecycle.labels) are checked first: bad ones raise
-    InvalidLabels (an InvalidInput) and nothing is stored.
+    InvalidLabels (an InvalidInput) and nothing is stored. `trace_parent`: the W3C
+    traceparent of a traced request that starts it (its trace becomes the run's).
     """
     labels = run_labels.check(labels)
     if not isinstance(agent_name, str) or not agent_name:
@@ -99,6 +103,7 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = No
             created_version=code_version(),
             input=stored,
             created_by=user,
+            trace_parent=tracing.parse_traceparent(trace_parent),
         )
         run_labels.store(run, labels)
         snap, node = snapshots.build(run.pk, run.next_step, "pre", state, None, None)

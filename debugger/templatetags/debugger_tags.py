@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
+from agentrun.telemetry import tracing
 from debugger.formats import human, ms, usd
 from debugger.jsontree import human_bytes, input_inline, mark_escapes, run_input_tree
 
@@ -21,6 +22,18 @@ register.filter(human)
 register.filter(usd)
 
 JSON_LIMIT = 100_000
+
+
+@register.filter
+def trace_id(run: Any) -> str:
+    """The run's trace id (32 hex digits)."""
+    return tracing.trace_id_of(run)
+
+
+@register.filter
+def trace_url(run: Any) -> str:
+    """The run's trace in the operator's tracing UI (AGENTRUN_TRACE_URL), or ""."""
+    return tracing.trace_url(run)
 
 
 @register.filter
