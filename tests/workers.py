@@ -74,12 +74,15 @@ class Worker:
         concurrency: int | None = None,
         pool: str | None = None,
         beat: bool = False,
+        prefix: list[str] | None = None,
         **env: str,
     ):
+        """`prefix`: the command runs through it (e.g. `ip netns exec NAME`)."""
         Worker.count += 1
         self.name = f"w{Worker.count}"
         self.log_path = tmp_path / f"{self.name}.log"
         cmd = [
+            *(prefix or []),
             sys.executable,
             "-m",
             "celery",
