@@ -93,7 +93,7 @@ def _claim_set(run_id: str, number: int, owner: str, now: Any) -> tuple[str, lis
     database's clock's say (lease.DB_LEASE_END), never this worker's."""
     version = code_version()
     on_pg = connection.vendor == "postgresql"
-    lease = settings.AGENTRUN_LEASE_SECONDS
+    lease = float(settings.AGENTRUN_LEASE_SECONDS)
     params = [
         owner,
         version,
