@@ -42,10 +42,14 @@ def database_from_url(url: str) -> dict:
     if parts.scheme not in ("postgres", "postgresql"):
         raise ValueError(f"DATABASE_URL: unsupported scheme {parts.scheme!r}")
     options: dict = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    # Behind PgBouncer in transaction pooling mode each transaction may run on another
+    # server connection: nothing may outlive a transaction on the server (a prepared
+    # statement, a cursor held open between transactions).
+    pgbouncer = env_bool("AGENTRUN_PGBOUNCER", False)
     # The engine's step statements (agentrun/store/rawsql.py) are prepared on the server;
     # Django's own queries never are. Behind a pooler that can't keep prepared
-    # statements, add ?prepare_threshold=none to the URL.
-    threshold = options.pop("prepare_threshold", "5")
+    # statements, AGENTRUN_PGBOUNCER=1 (or ?prepare_threshold=none in the URL) turns that off.
+    threshold = options.pop("prepare_threshold", "none" if pgbouncer else "5")
     options["prepare_threshold"] = None if threshold.lower() in ("", "none") else int(threshold)
     # A bounded pool per process (web or worker): a step hands its connection back
     # while it waits on a model or a tool, so DB_POOL_MAX_SIZE connections serve every
@@ -78,6 +82,8 @@ def database_from_url(url: str) -> dict:
         # pooled one as it is taken from the pool (the ENGINE's). One the server closed (a
         # restart, an idle timeout) is replaced, never given to a request or a step.
         "CONN_HEALTH_CHECKS": pool_max == 0,
+        # QuerySet.iterator() outside a transaction holds a cursor open across them.
+        "DISABLE_SERVER_SIDE_CURSORS": pgbouncer,
     }
 
 
@@ -97,6 +103,8 @@ def sqlite_database(path: Path) -> dict:
 
 
 DATABASE_URL = env("DATABASE_URL")
+# The database is reached through PgBouncer in transaction pooling mode (database_from_url).
+AGENTRUN_PGBOUNCER = env_bool("AGENTRUN_PGBOUNCER", False)
 EMBEDDED = not DATABASE_URL
 
 # Unset, the embedded default: `check --deploy` fails with it (agentrun.security.checks).

@@ -33,6 +33,25 @@ def _flush_past_the_event_log_trigger():
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _drop_the_test_database_past_a_pooler():
+    """PgBouncer keeps its server connections to the test database open after the tests
+    closed theirs, and PostgreSQL refuses to drop a database in use: drop it by force
+    (which ends those connections; PgBouncer opens new ones when asked)."""
+    if not settings.AGENTRUN_PGBOUNCER:
+        yield
+        return
+    from django.db.backends.postgresql.creation import DatabaseCreation
+
+    def destroy_by_force(self, test_database_name, verbosity):
+        with self._nodb_cursor() as cursor:
+            name = self.connection.ops.quote_name(test_database_name)
+            cursor.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+    with mock.patch.object(DatabaseCreation, "_destroy_test_db", destroy_by_force):
+        yield
+
+
 @pytest.fixture
 def on_v1(monkeypatch):
     """The `refunds` agent as its buggy v1, in a process that says it runs v1."""

@@ -31,6 +31,16 @@ def database_url() -> str:
     return f"postgres://{auth}@{host}{port}/{db['NAME']}"
 
 
+#: Why a test of a paused (SIGSTOPped) worker can't pass on RabbitMQ, or "".
+PAUSED_ON_RABBITMQ = (
+    "a paused worker keeps its AMQP connection (Celery's threads pool sends no AMQP"
+    " heartbeats) and RabbitMQ keeps handing it messages until its consumer_timeout:"
+    " see docs/operations/deployment.md"
+    if settings.CELERY_BROKER_URL.startswith(("amqp", "pyamqp"))
+    else ""
+)
+
+
 def worker_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.update(
@@ -64,12 +74,15 @@ class Worker:
         concurrency: int | None = None,
         pool: str | None = None,
         beat: bool = False,
+        prefix: list[str] | None = None,
         **env: str,
     ):
+        """`prefix`: the command runs through it (e.g. `ip netns exec NAME`)."""
         Worker.count += 1
         self.name = f"w{Worker.count}"
         self.log_path = tmp_path / f"{self.name}.log"
         cmd = [
+            *(prefix or []),
             sys.executable,
             "-m",
             "celery",

@@ -14,6 +14,7 @@ from django.utils import timezone
 from agentrun.agents import Agent, InvalidInput, get_agent
 from agentrun.engine.cache import cache_get, cache_put
 from agentrun.engine.context import Claimed
+from agentrun.engine.lease import DB_LEASE_END, DB_NOW
 from agentrun.engine.versions import code_version
 from agentrun.models import (
     Run,
@@ -76,7 +77,7 @@ def claim(run_id: str, number: int, owner: str) -> Claimed | None:
 
 _DUE = (
     "next_step = %s AND (status IN ('queued', 'running') OR (status = 'waiting'"
-    " AND wait_reason = 'backoff')) AND (lease_expires_at IS NULL OR lease_expires_at < %s)"
+    " AND wait_reason = 'backoff')) AND (lease_expires_at IS NULL OR lease_expires_at < {now})"
     " AND (wake_at IS NULL OR wake_at <= %s)"
     # An imported run (agentrun.lifecycle.archive) is read-only: no worker ever claims it.
     " AND imported_at IS NULL"
@@ -86,32 +87,36 @@ _DUE = (
 
 
 def _claim_set(run_id: str, number: int, owner: str, now: Any) -> tuple[str, list[Any]]:
-    """The claim as `UPDATE run SET ... WHERE <due>` and its parameters."""
+    """The claim as `UPDATE run SET ... WHERE <due>` and its parameters.
+
+    On PostgreSQL whether a lease has expired, and when the new one does, are the
+    database's clock's say (lease.DB_LEASE_END), never this worker's."""
     version = code_version()
+    on_pg = connection.vendor == "postgresql"
+    lease = float(settings.AGENTRUN_LEASE_SECONDS)
     params = [
         owner,
         version,
-        rawsql.prep(
-            Run, "lease_expires_at", now + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS)
-        ),
+        lease if on_pg else rawsql.prep(Run, "lease_expires_at", now + timedelta(seconds=lease)),
         rawsql.prep(Run, "started_at", now),
         rawsql.prep(Run, "updated_at", now),
         rawsql.prep(Run, "id", run_id),
         number,
-        rawsql.prep(Run, "lease_expires_at", now),
+        *([] if on_pg else [rawsql.prep(Run, "lease_expires_at", now)]),
         rawsql.prep(Run, "wake_at", now),
         version,
     ]
-    return _claim_sql(), params
+    return _claim_sql(on_pg), params
 
 
 @cache
-def _claim_sql() -> str:
+def _claim_sql(on_pg: bool) -> str:
+    until, now = (DB_LEASE_END, DB_NOW) if on_pg else ("%s", "%s")
     return (
         f"UPDATE {rawsql.table(Run)} SET status = 'running', wait_reason = '', wake_at = NULL,"
-        " lease_owner = %s, code_version = %s, lease_expires_at = %s,"
+        f" lease_owner = %s, code_version = %s, lease_expires_at = {until},"
         " started_at = COALESCE(started_at, %s),"
-        f" updated_at = %s WHERE id = %s AND {_DUE}"
+        f" updated_at = %s WHERE id = %s AND {_DUE.format(now=now)}"
     )
 
 
@@ -151,7 +156,7 @@ def _claim_pg_sql() -> tuple[str, tuple[str, ...]]:
     )
     snap_t, step_t = rawsql.table(Snapshot), rawsql.table(Step)
     statement = (
-        f"WITH {rawsql.ASYNC_COMMIT}, r AS ({_claim_sql()} RETURNING {rawsql.select_list(Run)}), "
+        f"WITH {rawsql.ASYNC_COMMIT}, r AS ({_claim_sql(True)} RETURNING {rawsql.select_list(Run)}), "
         f"s AS (INSERT INTO {step_t} (run_id, number, status, attempts, crashes, crash_log,"
         " worker, code_version, phase_before, phase_after, decision_count, tokens_in,"
         " tokens_out, started_at)"

@@ -22,7 +22,7 @@ from agentrun.engine.context import (
     mark_saved,
     release_connection,
 )
-from agentrun.engine.lease import lease_expiry, run_update
+from agentrun.engine.lease import lease_end, lease_expiry, run_update
 from agentrun.infra.queue import ask, enqueue
 from agentrun.models import (
     Event,
@@ -184,7 +184,7 @@ def _write_post(
         terminal = True
     chain = not terminal and time.monotonic() < ctx.chain_until
     if chain:  # keep the lease, for the next step
-        run_changes.update(lease_owner=ctx.owner, lease_expires_at=lease_expiry())
+        run_changes.update(lease_owner=ctx.owner, lease_expires_at=lease_end())
     # One guarded write: the compare-and-set on the run, then everything else.
     write = rawsql.Guarded(*run_update(ctx, run_changes))
     snap_values, snap_text = snapshots.insert_values(snap)
@@ -289,7 +289,7 @@ def _chained(
     """The context of the step a commit just claimed: the run as that commit left it."""
     run = ctx.run
     run.next_step, run.phase, run.status = step.number, pre.phase, run_changes["status"]
-    run.lease_owner, run.lease_expires_at = ctx.owner, run_changes["lease_expires_at"]
+    run.lease_owner, run.lease_expires_at = ctx.owner, lease_expiry()  # (the row's: the database's)
     return Claimed(
         run=run,
         step=step,

@@ -16,6 +16,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection
+from django.db.models import DateTimeField, ExpressionWrapper, Value
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from agentrun.engine.context import Claimed, LeaseLost
@@ -32,15 +34,41 @@ def new_lease_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+# Leases run on the database's clock on PostgreSQL: a lease taken or renewed ends
+# AGENTRUN_LEASE_SECONDS after the statement that wrote it, by the server's time, and a
+# claim compares with the server's time too; a worker's clock (minutes off, say) decides
+# nothing. (Embedded, SQLite lives on the workers' own host: one clock.)
+DB_NOW = "statement_timestamp()"
+DB_LEASE_END = "statement_timestamp() + %s * interval '1 second'"
+
+
 def lease_expiry() -> Any:
+    """When a lease taken now ends, by this worker's clock: an estimate, for this process's
+    own use (the run row's value is the database's: lease_end)."""
     return timezone.now() + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS)
+
+
+def lease_end() -> Any:
+    """The end of a lease taken or renewed now, as a value for the run's `lease_expires_at`
+    in a guarded write (rawsql): by the database's clock on PostgreSQL."""
+    if connection.vendor == "postgresql":
+        return rawsql.Sql(DB_LEASE_END, (float(settings.AGENTRUN_LEASE_SECONDS),))
+    return lease_expiry()
+
+
+def _orm_lease_end() -> Any:
+    """lease_end for a QuerySet.update()."""
+    if connection.vendor == "postgresql":
+        lease = Value(timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS))
+        return ExpressionWrapper(Now() + lease, output_field=DateTimeField())
+    return lease_expiry()
 
 
 def guarded_update(ctx: Claimed, **changes: Any) -> None:
     """Extend our lease (and apply changes) only if we still hold it. In a transaction."""
     n = Run.objects.filter(
         pk=ctx.run.pk, next_step=ctx.step.number, lease_owner=ctx.owner, status=RunStatus.RUNNING
-    ).update(**{"lease_expires_at": lease_expiry(), "updated_at": timezone.now(), **changes})
+    ).update(**{"lease_expires_at": _orm_lease_end(), "updated_at": timezone.now(), **changes})
     if n != 1:
         raise LeaseLost(f"run {ctx.run.pk} step {ctx.step.number}")
 
@@ -50,7 +78,7 @@ def lease_guard(ctx: Claimed, now: Any, **changes: Any) -> rawsql.Guarded:
     sql, params = run_update(
         ctx,
         {
-            "lease_expires_at": now + timedelta(seconds=settings.AGENTRUN_LEASE_SECONDS),
+            "lease_expires_at": lease_end(),
             "updated_at": now,
             **changes,
         },
@@ -163,15 +191,14 @@ def _renew(steps: list[Claimed]) -> None:
     was taken over or that was cancelled is left alone, and that step's next
     guarded write stops it.
     """
-    expiry = lease_expiry()
     for i in range(0, len(steps), 500):
         batch = steps[i : i + 500]
         owners = {ctx.owner for ctx in batch}
         if getattr(connection, "pool", None) is not None:
-            n = _renew_on_own_connection(owners, expiry)
+            n = _renew_on_own_connection(owners)
         else:
             n = Run.objects.filter(lease_owner__in=owners, status=RunStatus.RUNNING).update(
-                lease_expires_at=expiry
+                lease_expires_at=_orm_lease_end()
             )
         if n < len(owners):
             log.warning(
@@ -185,7 +212,7 @@ def _renew(steps: list[Claimed]) -> None:
 _OWN: list[Any] = []
 
 
-def _renew_on_own_connection(owners: set[str], expiry: Any) -> int:
+def _renew_on_own_connection(owners: set[str]) -> int:
     import psycopg
 
     try:
@@ -194,9 +221,9 @@ def _renew_on_own_connection(owners: set[str], expiry: Any) -> int:
             params.pop("cursor_factory", None)
             _OWN[:] = [psycopg.connect(**params, autocommit=True)]
         cursor = _OWN[0].execute(
-            f"UPDATE {rawsql.table(Run)} SET lease_expires_at = %s"
+            f"UPDATE {rawsql.table(Run)} SET lease_expires_at = {DB_LEASE_END}"
             " WHERE lease_owner = ANY(%s) AND status = 'running'",
-            [expiry, list(owners)],
+            [float(settings.AGENTRUN_LEASE_SECONDS), list(owners)],
         )
         return cursor.rowcount
     except psycopg.Error:

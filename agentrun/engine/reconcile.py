@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from agentrun.engine import compensate_run, enqueue
@@ -32,7 +33,7 @@ def reconcile_once(grace_seconds: float | None = None) -> dict[str, int]:
         seconds=grace_seconds if grace_seconds is not None else settings.AGENTRUN_RECONCILE_EVERY
     )
     unleased = Q(lease_expires_at__isnull=True, updated_at__lt=now - grace)
-    expired = Q(lease_expires_at__lt=now)
+    expired = Q(lease_expires_at__lt=Now())  # by the database's clock, as the claim sees it
     # An imported run (agentrun.lifecycle.archive) is a read-only record: never resumed here.
     local = Run.objects.filter(imported_at__isnull=True)
     stalled = local.filter(status__in=(RunStatus.QUEUED, RunStatus.RUNNING)).filter(

@@ -7,7 +7,7 @@ from agentrun.tasks import execute_step_task
 from tests.base import calls, final, make_run, script
 from tests.workers import wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.durability]
 
 
 def _settled(run):

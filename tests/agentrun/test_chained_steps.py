@@ -10,7 +10,7 @@ from agentrun.models import Event, Run, Snapshot, Step, ToolCall
 from agentrun.store import snapshots
 from tests.base import calls, drive, final, make_people, make_run, script
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.durability]
 
 ECHOES = script(
     calls({"tool": "echo", "args": {"n": 1}}),

@@ -13,7 +13,7 @@ from agentrun.models import Run
 from agentrun.store import snapshots
 from tests.base import make_run
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durability]
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ from agentrun.lifecycle import services
 from agentrun.models import OutboxMessage, Run
 from tests.base import calls, drive, final, make_people, make_run, script
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.durability]
 
 
 class Crash(BaseException):

@@ -6,7 +6,7 @@ from agentrun.models import Snapshot, Step
 from tests.base import calls, final, make_run, script
 from tests.workers import wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.durability]
 
 
 def test_a_long_tool_call_extends_the_lease_instead_of_losing_the_step(start_worker):

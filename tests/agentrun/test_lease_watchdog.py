@@ -13,7 +13,7 @@ from agentrun.tools import ToolContext, tool
 from tests.base import calls, final, make_run, script
 
 # Committed for real: the steps run in threads, on their own connections.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durability]
 
 
 @tool(name="test_wait", timeout=0, cache=False)

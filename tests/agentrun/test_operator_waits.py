@@ -8,7 +8,7 @@ from agentrun.models import InventoryItem, OutboxMessage, Reservation, Step, Too
 from tests.base import calls, final, make_people, make_run, script
 from tests.workers import decided, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.durability]
 
 
 def _settled(run, *statuses):
@@ -23,6 +23,8 @@ def _settled(run, *statuses):
 
 def test_a_notify_call_left_in_doubt_waits_for_an_operator_instead_of_repeating(start_worker):
     olga = make_people()["operator"]
+    # The worker first: the fault may kill it before it says it is ready otherwise.
+    worker = start_worker(beat=True)
     run = make_run(
         script(
             calls(
@@ -35,7 +37,6 @@ def test_a_notify_call_left_in_doubt_waits_for_an_operator_instead_of_repeating(
             final("told"),
         )
     )
-    worker = start_worker(beat=True)
     assert worker.proc.wait(timeout=60) == 71  # the fault killed it after the send
     start_worker(beat=True)  # as a supervisor would
     wait_until(_settled(run), timeout=60, what="the run to stop")

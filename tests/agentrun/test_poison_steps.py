@@ -16,7 +16,7 @@ from agentrun.lifecycle import services
 from agentrun.models import Event, Run, Step
 from tests.base import calls, final, make_people, make_run, script
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.durability]
 
 
 class Boom(Exception):

@@ -1,6 +1,7 @@
 """Guarded writes: all or nothing, decided by the guard, on either backend."""
 
 import pytest
+from django.conf import settings
 from django.db import IntegrityError, connection
 from django.utils import timezone
 
@@ -8,7 +9,7 @@ from agentrun.models import Event, Run, Snapshot, Step
 from agentrun.store import rawsql
 from tests.base import final, make_run, script
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durability]
 
 
 def _guard(run: Run, status: str) -> rawsql.Guarded:
@@ -86,8 +87,10 @@ def test_an_asynchronous_write_leaves_the_connection_committing_synchronously():
     assert run.phase == "guarded"
 
 
-def test_database_urls_prepare_the_hot_path_unless_told_not_to():
+def test_database_urls_prepare_the_hot_path_unless_told_not_to(monkeypatch):
     from agentrun.settings import database_from_url
+
+    monkeypatch.delenv("AGENTRUN_PGBOUNCER", raising=False)
 
     def options(url: str) -> dict:
         return {k: v for k, v in database_from_url(url)["OPTIONS"].items() if k != "pool"}
@@ -99,6 +102,20 @@ def test_database_urls_prepare_the_hot_path_unless_told_not_to():
         "prepare_threshold": 2,
         "sslmode": "require",
     }
+
+
+def test_behind_pgbouncer_nothing_outlives_a_transaction_on_the_server(monkeypatch):
+    from agentrun.settings import database_from_url
+
+    url = "postgres://u:p@db:6432/agentrun"
+    monkeypatch.setenv("AGENTRUN_PGBOUNCER", "0")
+    db = database_from_url(url)
+    assert db["OPTIONS"]["prepare_threshold"] == 5
+    assert db["DISABLE_SERVER_SIDE_CURSORS"] is False
+    monkeypatch.setenv("AGENTRUN_PGBOUNCER", "1")
+    db = database_from_url(url)
+    assert db["OPTIONS"]["prepare_threshold"] is None  # no prepared statement
+    assert db["DISABLE_SERVER_SIDE_CURSORS"] is True  # no cursor held between transactions
 
 
 def test_each_process_gets_a_bounded_connection_pool_unless_it_is_turned_off(monkeypatch):
@@ -116,33 +133,52 @@ def test_each_process_gets_a_bounded_connection_pool_unless_it_is_turned_off(mon
     assert "pool" not in db["OPTIONS"] and db["CONN_MAX_AGE"] == 30
 
 
-@pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's"
-)
-def test_the_step_statements_are_prepared_once_and_reused():
+def _prepared_commits_after_six_steps(prepare_threshold: int | None) -> tuple[int, int]:
+    """(statements, uses) of the step's commit prepared in the one session of a pool of
+    one, after a run of six steps and a final one."""
     from agentrun import engine
     from tests.base import calls
 
     run = make_run(script(*[calls({"tool": "echo", "args": {"n": i}}) for i in range(6)], final()))
-    # A pool of one fresh session, so the steps and the query below share it.
     options = connection.settings_dict["OPTIONS"]
-    pool = options["pool"]
+    pool, threshold = options["pool"], options["prepare_threshold"]
     connection.close()
     connection.close_pool()
     options["pool"] = {**pool, "min_size": 1, "max_size": 1}
+    options["prepare_threshold"] = prepare_threshold
     try:
         engine.execute_step(run.pk, 1, chain=60)
         run.refresh_from_db()
         assert run.status == "succeeded"
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT count(*), sum(generic_plans + custom_plans) FROM pg_prepared_statements"
+                "SELECT count(*), coalesce(sum(generic_plans + custom_plans), 0)"
+                " FROM pg_prepared_statements"
                 ' WHERE statement LIKE \'WITH g AS (UPDATE "agentrun_run" SET "next_step"%%\''
             )
-            statements, uses = cursor.fetchone()
+            return cursor.fetchone()
     finally:
         connection.close()
         connection.close_pool()
-        options["pool"] = pool
+        options["pool"], options["prepare_threshold"] = pool, threshold
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's"
+)
+@pytest.mark.skipif(
+    settings.AGENTRUN_PGBOUNCER, reason="PgBouncer in transaction mode keeps no prepared statement"
+)
+def test_the_step_statements_are_prepared_once_and_reused():
+    statements, uses = _prepared_commits_after_six_steps(5)
     # Commits of steps that claim the next one share a statement; the last one differs.
     assert 1 <= statements <= 3 and uses >= 6
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's"
+)
+def test_a_connection_told_never_to_prepare_sends_the_step_statements_unprepared():
+    # What PgBouncer in transaction mode needs: the next statement of the session may
+    # run on another server connection, where a prepared statement does not exist.
+    assert _prepared_commits_after_six_steps(None) == (0, 0)

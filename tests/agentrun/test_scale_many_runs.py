@@ -25,7 +25,7 @@ from tests.agentrun.llm_load import (
 from tests.fake_openai import FakeOpenAI, Recorded, Reply, completion, tool_call
 from tests.workers import wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.durability]
 
 # SQLite has one writer, so an embedded worker runs 8 steps at a time
 # (AGENTRUN_WORKER_CONCURRENCY): 200 runs of three ~0.75 s steps would take over a

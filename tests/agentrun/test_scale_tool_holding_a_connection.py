@@ -24,6 +24,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.worker,
     pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite has no pool"),
+    pytest.mark.durability,
 ]
 
 POOL = 2  # connections per worker process, and tools waiting at once

@@ -37,7 +37,7 @@ from tests.agentrun.llm_load import (
 from tests.fake_openai import FakeOpenAI, Recorded, Reply, completion, tool_call
 from tests.workers import wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.durability]
 
 # An embedded worker runs 8 steps at a time (SQLite has one writer): 16 runs keep it
 # full, half in flight and half queued, when it is killed.
@@ -75,9 +75,11 @@ def test_killing_a_worker_with_a_hundred_steps_in_flight_loses_and_repeats_nothi
     start_worker,
 ):
     with FakeOpenAI(respond=paying_model) as fake:
-        runs = start_runs(RUNS, tools=["pay_slow_ack", "ledger_write"])
         env = llm_env(fake, AGENTRUN_AGENT_MODULES=__name__)
+        # The worker first: it may take the messages before it says it is ready (RabbitMQ
+        # hands them over at once), and the runs must not be done by then.
         doomed = start_worker(**env)
+        runs = start_runs(RUNS, tools=["pay_slow_ack", "ledger_write"])
 
         def mid_payment() -> int:
             """Payments that landed in the ledger but have not returned to their step."""

@@ -30,9 +30,14 @@ from tests.agentrun.llm_load import (
     turn_of,
 )
 from tests.fake_openai import FakeOpenAI, Recorded, Reply, completion, tool_call
-from tests.workers import wait_until
+from tests.workers import PAUSED_ON_RABBITMQ, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.worker,
+    pytest.mark.durability,
+    pytest.mark.skipif(bool(PAUSED_ON_RABBITMQ), reason=PAUSED_ON_RABBITMQ),
+]
 
 # An embedded worker runs 8 steps at a time (SQLite has one writer): all 8 in flight.
 RUNS = 50 if on_postgres() else settings.AGENTRUN_WORKER_CONCURRENCY
@@ -73,9 +78,11 @@ def everything_about(runs: list[Run]) -> dict:
 
 def test_a_zombie_with_fifty_steps_in_flight_commits_none_of_them(start_worker):
     with FakeOpenAI(respond=model) as fake:
+        # The worker first: it may take the messages before it says it is ready (RabbitMQ
+        # hands them over at once), and the runs must still be on step 2 here.
+        zombie = start_worker(**llm_env(fake))
         runs = start_runs(RUNS, tools=["ledger_write", "sleep"])
         ids = [r.pk for r in runs]
-        zombie = start_worker(**llm_env(fake))
 
         def all_waiting() -> bool:
             """Every run on step 2: half waiting on the model, the other half in the tool."""

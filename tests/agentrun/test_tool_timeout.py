@@ -13,7 +13,7 @@ from agentrun.tools import RetryPolicy, ToolContext, tool
 from tests.base import calls, drive, final, make_run, script
 
 # Committed for real: one test runs the step in another thread, on its own connection.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durability]
 
 FINISHED: list[int] = []
 

@@ -9,7 +9,7 @@ from agentrun.models import LedgerEntry, LedgerInvocation, Run, Step, ToolCall
 from tests.base import calls, final, make_run, script
 from tests.workers import decided, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.durability]
 
 
 def _finished(run):
@@ -34,6 +34,9 @@ def _assert_exactly_once(run: Run) -> None:
 
 
 def test_it_resumes_after_the_worker_is_killed_mid_step(start_worker):
+    # The worker first: it may take the run's messages before it says it is ready
+    # (RabbitMQ hands them over at once), and the step must still be in flight here.
+    first = start_worker(beat=True)
     run = make_run(
         script(
             calls({"tool": "ledger_write", "args": {"account": "acme", "amount": 10}}),
@@ -44,7 +47,6 @@ def test_it_resumes_after_the_worker_is_killed_mid_step(start_worker):
             final("paid twice"),
         )
     )
-    first = start_worker(beat=True)
     # Step 2's decision is recorded just before its sleep call runs for 3 s.
     wait_until(decided(run, 2), what="step 2")
     time.sleep(0.5)
@@ -60,6 +62,8 @@ def test_it_resumes_after_the_worker_is_killed_mid_step(start_worker):
 
 @pytest.mark.parametrize("fault", ["crash_before", "crash_after"])
 def test_a_fault_point_kills_the_worker_and_the_run_completes(start_worker, fault):
+    # The worker first: the fault may kill it before it says it is ready otherwise.
+    worker = start_worker(beat=True)
     run = make_run(
         script(
             calls({"tool": "echo", "args": {"n": 1}}),
@@ -69,7 +73,6 @@ def test_a_fault_point_kills_the_worker_and_the_run_completes(start_worker, faul
             final("ok"),
         )
     )
-    worker = start_worker(beat=True)
     # The fault kills the worker process (every step in flight in it); a supervisor
     # (systemd, Kubernetes) would start it again.
     assert worker.proc.wait(timeout=40) == (70 if fault == "crash_before" else 71)

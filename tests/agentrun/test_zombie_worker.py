@@ -7,12 +7,20 @@ import pytest
 
 from agentrun.models import Event, Snapshot, Step
 from tests.base import calls, final, make_run, script
-from tests.workers import decided, wait_until
+from tests.workers import PAUSED_ON_RABBITMQ, decided, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.worker,
+    pytest.mark.durability,
+    pytest.mark.skipif(bool(PAUSED_ON_RABBITMQ), reason=PAUSED_ON_RABBITMQ),
+]
 
 
 def test_a_zombie_workers_commit_is_refused_and_writes_nothing(start_worker, settings):
+    # The worker first: it may take the run's messages before it says it is ready
+    # (RabbitMQ hands them over at once), and the step must still be in flight here.
+    zombie = start_worker()
     run = make_run(
         script(
             calls({"tool": "echo", "args": {"n": 1}}),
@@ -21,7 +29,6 @@ def test_a_zombie_workers_commit_is_refused_and_writes_nothing(start_worker, set
             final("done"),
         )
     )
-    zombie = start_worker()
     # Step 2's decision is recorded right before its sleep call runs.
     wait_until(decided(run, 2), what="step 2 to start")
     zombie.signal(signal.SIGSTOP)
