@@ -17,6 +17,11 @@ class AgentrunConfig(AppConfig):
 
         keep_freed_memory(settings.AGENTRUN_MALLOC_TRIM_MB)
 
+        # SQLite's trigger that chains the event log calls these on every connection.
+        from django.db.backends.signals import connection_created
+
+        connection_created.connect(_register_audit_functions)
+
         for module in settings.AGENTRUN_AGENT_MODULES:
             import_module(module)
 
@@ -25,3 +30,10 @@ class AgentrunConfig(AppConfig):
         from agentrun.engine import versions
 
         versions.settle()
+
+
+def _register_audit_functions(sender: object, connection: object, **kwargs: object) -> None:
+    if getattr(connection, "vendor", "") == "sqlite":
+        from agentrun.audit.chain import register_sqlite
+
+        register_sqlite(connection.connection)  # type: ignore[attr-defined]
