@@ -19,7 +19,7 @@ from agentrun.audit import chain
 from agentrun.audit.events import record_event
 from agentrun.lifecycle import retention, services
 from agentrun.models import ApiToken, AuditHead, Event, Run
-from tests.base import calls, drive, final, make_people, make_run, script
+from tests.base import as_owner, calls, drive, final, make_people, make_run, script
 
 pytestmark = pytest.mark.django_db(transaction=True)
 postgresql = connection.vendor == "postgresql"
@@ -33,15 +33,6 @@ def verifyaudit() -> tuple[int, str]:
     except SystemExit as exc:
         return int(exc.code or 0), err.getvalue()
     return 0, out.getvalue()
-
-
-def as_owner(statement: str, params: list | None = None) -> None:
-    """Change the event log as its owner would, past the triggers that refuse it."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        if postgresql:
-            # The test database's superuser skips every trigger in this transaction.
-            cursor.execute("SET LOCAL session_replication_role = replica")
-        cursor.execute(statement, params or [])
 
 
 def a_history() -> tuple[Run, dict]:
