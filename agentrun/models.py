@@ -617,9 +617,12 @@ class Event(models.Model):
     class Meta:
         ordering = ["created_at", "id"]
         constraints = [
-            # One event per position in its stream: a chain can't fork. Also serves
-            # verification, which reads each stream in order.
-            models.UniqueConstraint(fields=["stream", "seq"], name="event_stream_seq"),
+            # One event per position in its stream: a chain can't fork. Every chained
+            # event has a position from 1; the condition makes it an index (not a table
+            # constraint, which SQLite would rebuild the table for, dropping its triggers).
+            models.UniqueConstraint(
+                fields=["stream", "seq"], condition=Q(seq__gt=0), name="event_stream_seq"
+            ),
         ]
         indexes = [
             # The audit page: newest operator actions first. The system's own events

@@ -20,8 +20,10 @@ from django.db.models.functions import Cast
 from agentrun.audit import chain
 
 PG_FORWARD = """
+-- STABLE as convert_to is: so it is inlined into the trigger's expression (an IMMUTABLE
+-- function calling a STABLE one is not, and runs the SQL executor for each field).
 CREATE OR REPLACE FUNCTION agentrun_audit_field(value text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT octet_length(convert_to(coalesce(value, ''), 'UTF8'))::text
         || ':' || coalesce(value, '') || E'\\n'
 $$;
@@ -222,7 +224,7 @@ class Migration(migrations.Migration):
         migrations.RunPython(chain_existing, migrations.RunPython.noop),
         migrations.AddConstraint(
             model_name='event',
-            constraint=models.UniqueConstraint(fields=('stream', 'seq'), name='event_stream_seq'),
+            constraint=models.UniqueConstraint(condition=models.Q(('seq__gt', 0)), fields=('stream', 'seq'), name='event_stream_seq'),
         ),
         migrations.RunPython(triggers, no_triggers),
     ]
