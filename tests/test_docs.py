@@ -346,11 +346,38 @@ def test_the_incident_regression_test_of_the_fleet_page_fails_on_the_bug(on_v1, 
         snippet.test_the_empty_order_incident_stays_fixed(None)
 
 
+@pytest.mark.django_db
+def test_the_audit_pages_verify_script_verifies_an_export_and_names_a_changed_event(
+    tmp_path, capsys
+):
+    from agentrun.audit import export
+    from agentrun.audit.events import record_event
+    from agentrun.lifecycle import services
+    from tests.base import drive, make_people
+
+    olga = make_people()["operator"]
+    run = drive(services.start_run("scripted", {"goal": "g", "steps": [{"final": "done"}]}))
+    noted = record_event("note", run=run, user=olga, reason="=1+1", payload={"why": "checked"})
+    script = load_snippet("verify_audit.py")
+    for form in ("csv", "jsonl"):
+        path = tmp_path / f"audit.{form}"
+        path.write_text("".join(export.lines(export.Filter(), form)))
+        assert script.main(str(path)) == 0
+        assert "verified: 3 event(s) in 2 stream(s)" in capsys.readouterr().out
+
+        path.write_text(path.read_text().replace("checked", "unchecked"))
+        assert script.main(str(path)) == 1
+        assert f"broken at event {noted.pk}:" in capsys.readouterr().out
+
+
 # Every file of docs/snippets/ is run by a test here: the one that says so.
 SNIPPET_TESTS = {
     "hybrid_tool.py": test_the_hybrid_tool_of_the_tools_page_is_undone_when_its_run_fails,
     "incident_regression_test.py": (
         test_the_incident_regression_test_of_the_fleet_page_passes_on_the_fix
+    ),
+    "verify_audit.py": (
+        test_the_audit_pages_verify_script_verifies_an_export_and_names_a_changed_event
     ),
 }
 

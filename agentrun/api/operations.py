@@ -835,20 +835,22 @@ def export_audit(
         Query(max_length=40, pattern=TEXT_PATTERN, description="Only events of this kind."),
     ] = "",
     since: Annotated[
-        str,
-        Query(max_length=40, description="Written at or after this date or date and time."),
-    ] = "",
+        datetime | None,
+        Query(description="Written at or after this date and time (or a date: its start)."),
+    ] = None,
     until: Annotated[
-        str, Query(max_length=40, description="Written before this date (its end) or time.")
-    ] = "",
+        datetime | None,
+        Query(description="Written before this date and time (or a date: its end)."),
+    ] = None,
 ) -> StreamingHttpResponse:
     try:
         which = audit_export.Filter(
             run=run,
             operator=operator,
             action=action,
-            since=selection.moment(since, "since", end=False),
-            until=selection.moment(until, "until", end=True),
+            # As given: a date alone means the whole day (selection).
+            since=selection.moment(request.GET.get("since") if since else None, "since", end=False),
+            until=selection.moment(request.GET.get("until") if until else None, "until", end=True),
         )
     except selection.SelectionError as exc:
         raise ApiError(400, str(exc), field=exc.field) from None
