@@ -157,6 +157,10 @@ class Report:
     summaries: int = 0
     broken: Broken | None = None
     checked_at: datetime = field(default_factory=timezone.now)
+    #: When every event was last checked, and the highest id checked (the badge's
+    #: incremental checks start after it).
+    full_at: datetime = field(default_factory=timezone.now)
+    max_id: int = 0
 
     @property
     def ok(self) -> bool:
@@ -177,34 +181,71 @@ def verify() -> Report:
     """Check every chain, each stream's head, and the purge summaries; stop at the first
     break. Records the result for the audit page's badge."""
     report = Report()
-    heads = dict(AuditHead.objects.values_list("stream", "seq"))
+    report.full_at = report.checked_at
+    return _cached(_scan(report, records(), full=True))
+
+
+def verify_since(before: Report) -> Report:
+    """Check the events written since `before` (ids above its highest): each one's hash,
+    its link to the event before it (read from the log, checked by an earlier pass), the
+    heads of their streams and any new purge summary."""
+    report = Report(
+        events=before.events,
+        streams=before.streams,
+        summaries=before.summaries,
+        full_at=before.full_at,
+        max_id=before.max_id,
+    )
+    return _cached(_scan(report, records(Event.objects.filter(id__gt=before.max_id)), full=False))
+
+
+def _scan(report: Report, rows: Iterable[dict[str, str]], *, full: bool) -> Report:
     summaries: list[dict[str, str]] = []
+    ends: dict[str, dict[str, str]] = {}
     last: dict[str, str] | None = None
-    for row in records():
-        report.broken = _link(last, row, heads)
-        if report.broken is not None:
-            return _cached(report)
+    for row in rows:
         if last is None or last["stream"] != row["stream"]:
-            report.streams += 1
+            last = _before(row)
+            if last is None:
+                report.streams += 1
+        report.broken = _link(last, row)
+        if report.broken is not None:
+            return report
         report.events += 1
+        report.max_id = max(report.max_id, int(row["id"]))
         if row["stream"] == OPERATOR and row["kind"] == PURGE_KIND:
             summaries.append(row)
-        last = row
-    report.broken = _end(last, heads) or _headless(heads) or _check_summaries(summaries, report)
-    return _cached(report)
+        ends[row["stream"]] = last = row
+    report.broken = _heads(ends, full=full) or _check_summaries(summaries, report)
+    return report
 
 
-def _link(last: dict[str, str] | None, row: dict[str, str], heads: dict[str, int]) -> Broken | None:
-    """What is wrong with `row` after `last` (the record before it in stream order)."""
+def _before(row: dict[str, str]) -> dict[str, str] | None:
+    """The event before `row` in its stream, as stored (None for a stream's first)."""
+    seq = int(row["seq"])
+    if seq <= 1:
+        return None
+    found = (
+        Event.objects.filter(stream=row["stream"], seq=seq - 1).values_list("id", "hash").first()
+    )
+    if found is None:
+        return {"stream": row["stream"], "seq": str(seq - 2), "hash": "", "id": "?"}
+    return {"stream": row["stream"], "seq": str(seq - 1), "hash": found[1], "id": str(found[0])}
+
+
+def _link(last: dict[str, str] | None, row: dict[str, str]) -> Broken | None:
+    """What is wrong with `row` after `last` (the event before it in its stream)."""
     if row["stream"] == "":
         return _broken(row, "it is in no chain (it was inserted past the chaining trigger)")
-    if last is None or last["stream"] != row["stream"]:
-        ended = _end(last, heads)
-        if ended is not None:
-            return ended
-        expected, prev, prev_id = 1, "", ""
-    else:
-        expected, prev, prev_id = int(last["seq"]) + 1, last["hash"], last["id"]
+    expected, prev, prev_id = (
+        (1, "", "")
+        if last is None
+        else (
+            int(last["seq"]) + 1,
+            last["hash"],
+            last["id"],
+        )
+    )
     if int(row["seq"]) != expected:
         return _broken(row, f"position {expected} of its stream is missing before it")
     if row["prev_hash"] != prev:
@@ -223,25 +264,29 @@ def _link(last: dict[str, str] | None, row: dict[str, str], heads: dict[str, int
     return None
 
 
-def _end(last: dict[str, str] | None, heads: dict[str, int]) -> Broken | None:
-    """The stream that `last` ends must end where its head says."""
-    if last is None:
-        return None
-    head = heads.pop(last["stream"], None)
-    if head is None:
-        return _broken(last, "its stream has no head row")
-    if head != int(last["seq"]):
-        return _broken(
-            last, f"its stream's head is at position {head}: the events after it are missing"
-        )
+def _heads(ends: dict[str, dict[str, str]], *, full: bool) -> Broken | None:
+    """Each stream ends where its head says. Heads are read after the events, so a head
+    ahead of the last event read is fine when the next event is there now (appended
+    during the scan); a full pass also finds heads whose stream has no event at all."""
+    heads = dict(AuditHead.objects.values_list("stream", "seq"))
+    for stream, last in ends.items():
+        head = heads.pop(stream, None)
+        seq = int(last["seq"])
+        if head is None:
+            return _broken(last, "its stream has no head row")
+        if head < seq or (head > seq and not _exists(stream, seq + 1)):
+            return _broken(
+                last, f"its stream's head is at position {head}: the events after it are missing"
+            )
+    if full:
+        for stream, head in heads.items():
+            if head and not _exists(stream, 1):
+                return Broken("-", stream, str(head), "its head names events that are all gone")
     return None
 
 
-def _headless(heads: dict[str, int]) -> Broken | None:
-    for stream, seq in heads.items():
-        if seq:
-            return Broken("-", stream, str(seq), "its head names events that are all gone")
-    return None
+def _exists(stream: str, seq: int) -> bool:
+    return Event.objects.filter(stream=stream, seq=seq).exists()
 
 
 def _check_summaries(summaries: list[dict[str, str]], report: Report) -> Broken | None:
@@ -272,19 +317,30 @@ def _broken(row: dict[str, str], what: str) -> Broken:
 # --- the audit page's badge -----------------------------------------------------------------
 
 CACHE_KEY = "agentrun:audit:verified"
-#: How long the audit page shows a verification before running a new one.
+#: How long the audit page shows a verification before checking what was written since.
 CACHE_SECONDS = 60
+#: How often the audit page's checks go over every event again.
+FULL_SECONDS = 600
 
 
 def _cached(report: Report) -> Report:
-    cache.set(CACHE_KEY, report, CACHE_SECONDS)
+    cache.set(CACHE_KEY, report, FULL_SECONDS)
     return report
 
 
 def status() -> Report:
-    """The latest verification, at most CACHE_SECONDS old (verifying now if there is none)."""
+    """The audit page's verification: at most CACHE_SECONDS old; the events written since
+    the last one checked on their own; every event again each FULL_SECONDS, or after a
+    break."""
     found = cache.get(CACHE_KEY)
-    return found if isinstance(found, Report) else verify()
+    now = timezone.now()
+    if not isinstance(found, Report) or found.broken is not None:
+        return verify()
+    if (now - found.full_at).total_seconds() >= FULL_SECONDS:
+        return verify()
+    if (now - found.checked_at).total_seconds() < CACHE_SECONDS:
+        return found
+    return verify_since(found)
 
 
 def heads_of(run_ids: Iterable[Any]) -> dict[str, dict[str, Any]]:

@@ -246,3 +246,68 @@ def test_the_database_stamps_the_time_and_takes_the_actor_from_the_transaction()
     # The settings were for that insert only.
     record_event("note")
     assert Event.objects.order_by("-id").first().actor == "system"
+
+
+def test_the_badge_checks_new_events_alone_and_every_event_again_later():
+    from django.core.cache import cache
+
+    run, people = a_history()
+    cache.clear()
+    first = chain.status()  # no verification yet: a full one
+    assert first.ok and first.full_at == first.checked_at
+    assert chain.status() is not None and cache.get(chain.CACHE_KEY).checked_at == first.checked_at
+
+    old = Event.objects.filter(run=run).order_by("seq").first()
+    as_owner("UPDATE agentrun_event SET reason = 'edited' WHERE id = %s", [old.pk])
+    new = record_event("note", run=run, payload={"after": "the check"})
+    aged = cache.get(chain.CACHE_KEY)
+    aged.checked_at -= timedelta(seconds=chain.CACHE_SECONDS)
+    cache.set(chain.CACHE_KEY, aged)
+
+    # A minute on: only what was written since is checked, linked to what was there.
+    since = chain.status()
+    assert since.ok and since.events == first.events + 1 and since.max_id == new.pk
+    assert since.full_at == first.full_at
+
+    as_owner("UPDATE agentrun_event SET reason = 'edited too' WHERE id = %s", [new.pk])
+    newer = record_event("note", run=run)
+    aged = cache.get(chain.CACHE_KEY)
+    aged.max_id = new.pk - 1  # as if the last check had stopped before it
+    aged.checked_at -= timedelta(seconds=chain.CACHE_SECONDS)
+    cache.set(chain.CACHE_KEY, aged)
+    assert chain.status().broken.event_id == str(new.pk)
+    assert newer.pk > new.pk
+
+    # After a break, and every FULL_SECONDS, everything is checked again: the old edit too.
+    report = chain.status()
+    assert report.full_at == report.checked_at
+    assert report.broken.event_id == str(old.pk)
+
+
+def test_verifying_while_events_are_appended_finds_nothing_wrong():
+    run = make_run(script(final()))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def append() -> None:
+        try:
+            n = 0
+            while not stop.is_set():
+                record_event("note", run=run, payload={"n": n})
+                record_event("note", payload={"n": n})
+                n += 1
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    try:
+        reports = [chain.verify() for _ in range(15)]
+    finally:
+        stop.set()
+        writer.join()
+    assert not errors, errors
+    assert [r.broken for r in reports] == [None] * len(reports)
+    assert reports[-1].events > reports[0].events
