@@ -4,6 +4,8 @@ by the database, and `verifyaudit` names the first link that does not hold."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 from importlib import import_module
@@ -311,3 +313,45 @@ def test_verifying_while_events_are_appended_finds_nothing_wrong():
     assert not errors, errors
     assert [r.broken for r in reports] == [None] * len(reports)
     assert reports[-1].events > reports[0].events
+
+
+APPENDER = """
+from agentrun.audit.events import record_event
+from agentrun.models import Run
+from django.contrib.auth import get_user_model
+run, olga = Run.objects.get(pk="{run}"), get_user_model().objects.get(username="olga")
+for i in range({n}):
+    record_event("note", run=run, payload={{"i": i}})
+    record_event("note", user=olga, payload={{"i": i}})
+"""
+
+
+def test_concurrent_appends_from_processes_keep_one_chain():
+    from tests.workers import ROOT, worker_env
+
+    run = make_run(script(final()))
+    make_people()
+    before = Event.objects.filter(stream=chain.run_stream(run.pk)).count()
+    n, processes = 20, 3
+    children = [
+        subprocess.Popen(
+            [sys.executable, "manage.py", "shell", "-c", APPENDER.format(run=run.pk, n=n)],
+            cwd=ROOT,
+            env=worker_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    for child in children:
+        out, _ = child.communicate(timeout=120)
+        assert child.returncode == 0, out
+
+    in_run = list(
+        Event.objects.filter(stream=chain.run_stream(run.pk)).values_list("seq", flat=True)
+    )
+    assert sorted(in_run) == list(range(1, before + n * processes + 1))
+    ops = list(Event.objects.filter(stream=chain.OPERATOR).values_list("seq", flat=True))
+    assert sorted(ops) == list(range(1, n * processes + 1))
+    assert chain.verify().ok
