@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time
 from typing import Any
 from uuid import UUID
 
@@ -208,4 +208,8 @@ def moment(value: Any, name: str, *, end: bool) -> datetime | None:
         ) from None
     if timezone.is_naive(moment):
         moment = timezone.make_aware(moment, timezone.get_current_timezone())
-    return moment
+    try:
+        # In UTC: PostgreSQL refuses offsets beyond ±15:59, which ISO text may carry.
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise SelectionError(f"{name} is out of range", name) from None

@@ -98,6 +98,12 @@ def test_the_api_exports_with_the_same_filters(history, people, tmp_path):
     assert bad.status_code == 400
     assert "since" in bad.json()["detail"]
     assert api.get("/api/audit/export", {"format": "xml"}).status_code in (400, 422)
+    # Offsets PostgreSQL refuses (beyond ±15:59), and a time before year 1 in UTC.
+    odd = {"since": "0128-07-09T05:17:01Z", "until": "3639-03-16T18:48:47.6-16:38"}
+    assert api.get("/api/audit/export", odd).status_code == 200
+    assert api.get("/api/runs", odd).status_code == 200
+    early = api.get("/api/audit/export", {"since": "0001-01-01T00:00:00+01:00"})
+    assert early.status_code == 400 and "since" in early.json()["detail"]
 
 
 def test_the_badge_says_verified_then_names_the_broken_event(client_for, history):
