@@ -12,8 +12,13 @@ class AgentrunConfig(AppConfig):
 
         from django.conf import settings
 
+        # SQLite's trigger that chains the event log calls these on every connection.
+        from django.db.backends.signals import connection_created
+
         from agentrun import builtin  # noqa: F401
         from agentrun.security import checks  # noqa: F401  (registers the deploy checks)
+
+        connection_created.connect(_register_audit_functions)
 
         for module in settings.AGENTRUN_AGENT_MODULES:
             import_module(module)
@@ -35,3 +40,10 @@ class AgentrunConfig(AppConfig):
             "state",
             inflight.counts,
         )
+
+
+def _register_audit_functions(sender: object, connection: object, **kwargs: object) -> None:
+    if getattr(connection, "vendor", "") == "sqlite":
+        from agentrun.audit.chain import register_sqlite
+
+        register_sqlite(connection.connection)  # type: ignore[attr-defined]

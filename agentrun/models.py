@@ -608,9 +608,25 @@ class Event(models.Model):
     reason = models.TextField(blank=True)
     payload = models.JSONField(default=dict)
     created_at = models.DateTimeField(default=timezone.now)
+    # The hash chain (agentrun.audit.chain), set by the database as the row is inserted:
+    # whatever the inserting code puts here is overwritten.
+    stream = models.CharField(max_length=60, default="", db_default="", editable=False)
+    seq = models.BigIntegerField(default=0, db_default=0, editable=False)
+    prev_hash = models.CharField(max_length=64, default="", db_default="", editable=False)
+    hash = models.CharField(max_length=64, default="", db_default="", editable=False)
+    # The database role of the connection that inserted it (PostgreSQL's session_user).
+    db_role = models.CharField(max_length=63, default="", db_default="", editable=False)
 
     class Meta:
         ordering = ["created_at", "id"]
+        constraints = [
+            # One event per position in its stream: a chain can't fork. Every chained
+            # event has a position from 1; the condition makes it an index (not a table
+            # constraint, which SQLite would rebuild the table for, dropping its triggers).
+            models.UniqueConstraint(
+                fields=["stream", "seq"], condition=Q(seq__gt=0), name="event_stream_seq"
+            ),
+        ]
         indexes = [
             # The audit page: newest operator actions first. The system's own events
             # (one or more per step) stay out of it.
@@ -633,6 +649,21 @@ class Event(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
         raise PermissionError("events are append-only")
+
+
+class AuditHead(models.Model):
+    """The last link of one audit stream: its position and hash.
+
+    Written only by the database trigger that chains each event (the app's role may read
+    it); appending to a stream locks its row, so concurrent appends queue up instead of
+    forking the chain."""
+
+    stream = models.CharField(max_length=60, primary_key=True)
+    seq = models.BigIntegerField(default=0)
+    hash = models.CharField(max_length=64, default="")
+
+    def __str__(self) -> str:
+        return f"{self.stream} @ {self.seq}"
 
 
 class Worker(models.Model):

@@ -7,6 +7,7 @@ from uuid import UUID
 from django import forms
 from django.db.models import Q, QuerySet
 
+from agentrun.audit import export as audit_export
 from agentrun.engine import inflight
 from agentrun.lifecycle import labels as run_labels
 from agentrun.lifecycle import selection as runs_selection
@@ -138,6 +139,7 @@ class AuditFilterForm(DateRangeMixin):
     user = forms.ChoiceField(required=False, choices=[])
     tool = forms.ChoiceField(required=False, choices=[])
     kind = forms.ChoiceField(required=False, choices=_choices(SIDE_EFFECT_KINDS, "write + hybrid"))
+    action = forms.ChoiceField(required=False, choices=[])
     run = forms.CharField(
         required=False,
         max_length=40,
@@ -161,6 +163,13 @@ class AuditFilterForm(DateRangeMixin):
         )
         cast(forms.ChoiceField, self.fields["user"]).choices = _choices(actors, "anyone")
         cast(forms.ChoiceField, self.fields["tool"]).choices = _choices(tools, "any tool")
+        kinds = (
+            Event.objects.filter(user__isnull=False)
+            .order_by("kind")
+            .values_list("kind", flat=True)
+            .distinct()
+        )
+        cast(forms.ChoiceField, self.fields["action"]).choices = _choices(kinds, "any action")
 
     def clean_run(self) -> UUID | None:
         text = self.cleaned_data["run"].strip()
@@ -183,9 +192,27 @@ class AuditFilterForm(DateRangeMixin):
         if data["kind"]:
             # An operator action touches a tool only through its payload; kind narrows to calls.
             events = events.filter(payload__tool__in=_tools_of_kind(data["kind"]))
+        if data["action"]:
+            events = events.filter(kind=data["action"])
         if data["run"]:
             events = events.filter(run_id=data["run"])
         return events.filter(self.date_q("created_at")).order_by("-created_at", "-id")
+
+    def chain_filter(self) -> audit_export.Filter | None:
+        """What the chained export holds (every event, the system's too), or None if the
+        filters are not valid."""
+        if not self.is_valid():
+            return None
+        data = self.cleaned_data
+        since, until = data.get("since"), data.get("until")
+        return audit_export.Filter(
+            run=data["run"],
+            operator=data["user"],
+            action=data["action"],
+            # The page's days, whole: from the start of the first to the end of the last.
+            since=runs_selection.moment(since and since.isoformat(), "since", end=False),
+            until=runs_selection.moment(until and until.isoformat(), "until", end=True),
+        )
 
     def calls(self) -> QuerySet[ToolCall]:
         calls = ToolCall.objects.filter(kind__in=SIDE_EFFECT_KINDS).select_related("step")

@@ -62,6 +62,8 @@ urlpatterns = [
     path("diff/", views.diff_any, name="diff"),
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit-csv"),
+    path("audit/chain.<str:form_name>", views.audit_chain_export, name="audit-chain"),
+    path("audit/badge/", views.audit_badge, name="audit-badge"),
     # Pins: runs kept from retention.
     path("runs/<uuid:run_id>/pin/", views.pin_run, name="run-pin"),
     path("runs/<uuid:run_id>/unpin/", views.unpin_run, name="run-unpin"),

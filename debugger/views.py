@@ -22,6 +22,8 @@ from django_htmx.http import HttpResponseStopPolling
 from django_htmx.middleware import HtmxDetails
 
 from agentrun.agents import InvalidInput, get_agent
+from agentrun.audit import chain as audit_chain
+from agentrun.audit import export as audit_export
 from agentrun.builtin import llm_requests
 from agentrun.engine import inflight
 from agentrun.engine.versions import alive_workers, versions_alive
@@ -828,6 +830,27 @@ def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="agentrun-audit-{stamp}.csv"'
     return response
+
+
+@role_required
+def audit_chain_export(request: HttpRequest, form_name: str) -> HttpResponse:
+    """The events the filters select, with their hashes, to verify offline."""
+    if form_name not in audit_export.FORMATS:
+        raise Http404("the audit chain exports as chain.csv or chain.jsonl")
+    which = AuditFilterForm(request.GET).chain_filter()
+    if which is None:
+        return HttpResponse("the filters are not valid: see the audit page", status=400)
+    response = StreamingHttpResponse(
+        audit_export.lines(which, form_name), content_type=audit_export.FORMATS[form_name]
+    )
+    name = audit_export.filename(form_name, timezone.now())
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+@role_required
+def audit_badge(request: HttpRequest) -> HttpResponse:
+    return render(request, "debugger/audit.html#badge", {"chain": audit_chain.status()})
 
 
 # --- the fork page's live check of the edited state -------------------------

@@ -361,6 +361,30 @@ def test_the_webhook_check_of_the_observability_page_takes_only_what_agentrun_si
     assert not verify(body, stale, "s")
 
 
+@pytest.mark.django_db
+def test_the_audit_pages_verify_script_verifies_an_export_and_names_a_changed_event(
+    tmp_path, capsys
+):
+    from agentrun.audit import export
+    from agentrun.audit.events import record_event
+    from agentrun.lifecycle import services
+    from tests.base import drive, make_people
+
+    olga = make_people()["operator"]
+    run = drive(services.start_run("scripted", {"goal": "g", "steps": [{"final": "done"}]}))
+    noted = record_event("note", run=run, user=olga, reason="=1+1", payload={"why": "checked"})
+    script = load_snippet("verify_audit.py")
+    for form in ("csv", "jsonl"):
+        path = tmp_path / f"audit.{form}"
+        path.write_text("".join(export.lines(export.Filter(), form)))
+        assert script.main(str(path)) == 0
+        assert "verified: 3 event(s) in 2 stream(s)" in capsys.readouterr().out
+
+        path.write_text(path.read_text().replace("checked", "unchecked"))
+        assert script.main(str(path)) == 1
+        assert f"broken at event {noted.pk}:" in capsys.readouterr().out
+
+
 # Every file of docs/snippets/ is run by a test here: the one that says so.
 SNIPPET_TESTS = {
     "hybrid_tool.py": test_the_hybrid_tool_of_the_tools_page_is_undone_when_its_run_fails,
@@ -368,6 +392,9 @@ SNIPPET_TESTS = {
         test_the_incident_regression_test_of_the_fleet_page_passes_on_the_fix
     ),
     "verify_webhook.py": test_the_webhook_check_of_the_observability_page_takes_only_what_agentrun_signed,
+    "verify_audit.py": (
+        test_the_audit_pages_verify_script_verifies_an_export_and_names_a_changed_event
+    ),
 }
 
 

@@ -29,6 +29,8 @@ from pydantic import StringConstraints
 from agentrun.agents import InvalidInput
 from agentrun.api import schemas as s
 from agentrun.api.base import Api, ApiError
+from agentrun.audit import chain
+from agentrun.audit import export as audit_export
 from agentrun.builtin import llm_requests
 from agentrun.engine import inflight, versions
 from agentrun.lifecycle import archive, batches, retention, selection, services
@@ -794,6 +796,76 @@ def archive_response(run: Run, *, ancestors: bool, user: Any) -> StreamingHttpRe
         content_type=archive.MEDIA_TYPE,
     )
     response["Content-Disposition"] = f'attachment; filename="{archive.filename(run)}"'
+    return response
+
+
+# --- the audit trail's chains (agentrun.audit) -------------------------------------------
+
+
+@api.get(
+    "/audit/verify",
+    response={200: dict[str, Any], **_errors(401, 403)},
+    summary="Verify the audit trail's hash chains now: the first broken link, if any",
+)
+def verify_audit(request: HttpRequest) -> dict[str, Any]:
+    return chain.verify().as_dict()
+
+
+@api.get(
+    "/audit/export",
+    response={200: None, **_errors(400, 401, 403)},
+    summary="The event log with its hashes, as CSV or JSON lines, to verify offline",
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "The events in stream order, streamed as an attachment.",
+                "content": {
+                    "text/csv": {"schema": {"type": "string"}},
+                    "application/jsonl": {"schema": {"type": "string"}},
+                },
+            }
+        }
+    },
+)
+def export_audit(
+    request: HttpRequest,
+    format: Annotated[
+        str, Query(pattern="^(csv|jsonl)$", description="`csv` or `jsonl` (JSON lines).")
+    ] = "jsonl",
+    run: Annotated[uuid.UUID | None, Query(description="Only the events of this run.")] = None,
+    operator: Annotated[
+        str,
+        Query(max_length=150, pattern=TEXT_PATTERN, description="Only events by this actor."),
+    ] = "",
+    action: Annotated[
+        str,
+        Query(max_length=40, pattern=TEXT_PATTERN, description="Only events of this kind."),
+    ] = "",
+    since: Annotated[
+        datetime | None,
+        Query(description="Written at or after this date and time (or a date: its start)."),
+    ] = None,
+    until: Annotated[
+        datetime | None,
+        Query(description="Written before this date and time (or a date: its end)."),
+    ] = None,
+) -> StreamingHttpResponse:
+    try:
+        which = audit_export.Filter(
+            run=run,
+            operator=operator,
+            action=action,
+            # As given: a date alone means the whole day (selection).
+            since=selection.moment(request.GET.get("since") if since else None, "since", end=False),
+            until=selection.moment(request.GET.get("until") if until else None, "until", end=True),
+        )
+    except selection.SelectionError as exc:
+        raise ApiError(400, str(exc), field=exc.field) from None
+    response = StreamingHttpResponse(
+        audit_export.lines(which, format), content_type=audit_export.FORMATS[format]
+    )
+    name = audit_export.filename(format, timezone.now())
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
 
 

@@ -2,7 +2,8 @@
 
 Migrations run as the role that owns the tables. The web and worker processes connect
 as an app role that owns nothing: it reads and writes the app's tables, but may only
-append to the event log and read it. Since only a table's owner may drop or disable
+append to the event log and read it (and read the chains' heads, which the log's
+trigger writes as the owner). Since only a table's owner may drop or disable
 its triggers, the app can neither change the log (no UPDATE, DELETE or TRUNCATE
 privilege) nor switch off the triggers that refuse those to everyone else.
 """
@@ -15,9 +16,11 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from psycopg import sql
 
-from agentrun.models import Event
+from agentrun.models import AuditHead, Event
 
 EVENTS = Event._meta.db_table
+# The chains' heads: written only by the trigger that chains the log, as the owner.
+HEADS = AuditHead._meta.db_table
 # Written by `migrate` only, which runs as the owner; the app reads it (pending migrations).
 READ_ONLY = ("django_migrations",)
 # Lower-case, unquoted-identifier names only: the same name then works in DATABASE_URL,
@@ -80,8 +83,8 @@ def _statements(
     def names(items: list[str]) -> sql.Composable:
         return sql.SQL(", ").join(sql.Identifier(schema, t) for t in items)
 
-    read_write = [t for t in tables if t != EVENTS and t not in READ_ONLY]
-    read_only = [t for t in tables if t in READ_ONLY]
+    read_write = [t for t in tables if t not in (EVENTS, HEADS) and t not in READ_ONLY]
+    read_only = [t for t in tables if t in READ_ONLY or t == HEADS]
     out: list[sql.Composable] = [
         sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), r),
         sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), r),

@@ -104,7 +104,11 @@ STEP_FIELDS = [f for f in Step._meta.concrete_fields if f.name not in ("id", "ru
 TOOL_CALL_FIELDS = [
     f for f in ToolCall._meta.concrete_fields if f.name not in ("id", "run", "step")
 ]
-EVENT_FIELDS = [f for f in Event._meta.concrete_fields if f.name not in ("id", "run", "user")]
+# The chain's fields are the database's where the event is stored: an import is chained anew.
+CHAIN_FIELDS = ("stream", "seq", "prev_hash", "hash", "db_role")
+EVENT_FIELDS = [
+    f for f in Event._meta.concrete_fields if f.name not in ("id", "run", "user", *CHAIN_FIELDS)
+]
 
 
 def _plain(value: Any) -> Any:
@@ -618,7 +622,14 @@ def _build(model: type[models.Model], fields: list[Any], record: dict, where: st
         return Run(**values, **links)
     # Positional: a tenth of the keyword path's cost, for thousands of rows.
     return model(
-        *[links.get(f.attname, values.get(f.attname)) for f in model._meta.concrete_fields]
+        *[
+            links[f.attname]
+            if f.attname in links
+            else values[f.attname]
+            if f.attname in values
+            else f.get_default()
+            for f in model._meta.concrete_fields
+        ]
     )
 
 

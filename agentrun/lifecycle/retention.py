@@ -424,6 +424,11 @@ def run_pass() -> dict[str, Any]:
 
 
 def record(report: PurgeReport, *, actor: str) -> None:
+    """The purge's event, in the operator stream, with each purged run's chain head
+    (position and hash): verification then checks each run's chain still reaches it."""
+    from agentrun.audit import chain
     from agentrun.audit.events import record_event
 
-    record_event("runs_purged", actor=actor, payload=report.as_dict())
+    with transaction.atomic():
+        heads = chain.heads_of(report.run_ids)
+        record_event(chain.PURGE_KIND, actor=actor, payload={**report.as_dict(), "chains": heads})

@@ -137,8 +137,8 @@ def parse(given: Mapping[str, Any] | None) -> Selection:
     out["version"] = version
     out["label"] = _labels(given.get("label"))
     out["pinned"] = _flag(given.get("pinned"), "pinned")
-    out["since"] = _moment(given.get("since"), "since", end=False)
-    out["until"] = _moment(given.get("until"), "until", end=True)
+    out["since"] = moment(given.get("since"), "since", end=False)
+    out["until"] = moment(given.get("until"), "until", end=True)
     return Selection(**out, given={k: given[k] for k in FIELDS if k in given})
 
 
@@ -188,7 +188,7 @@ def _flag(value: Any, name: str) -> bool | None:
     raise SelectionError(f"{name} must be true or false", name)
 
 
-def _moment(value: Any, name: str, *, end: bool) -> datetime | None:
+def moment(value: Any, name: str, *, end: bool) -> datetime | None:
     """A date (the whole day: from its start, or until its end) or an ISO date and time."""
     text = _text(value, name)
     if not text:
@@ -206,10 +206,10 @@ def _moment(value: Any, name: str, *, end: bool) -> datetime | None:
             f"{name} must be a date (2026-11-29) or a date and time (2026-11-29T08:00:00Z)",
             name,
         ) from None
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, timezone.get_current_timezone())
     try:
-        if timezone.is_naive(moment):
-            moment = timezone.make_aware(moment, timezone.get_current_timezone())
-        # In UTC: an offset such as -16:38 is valid ISO 8601, but beyond what PostgreSQL reads.
+        # In UTC: PostgreSQL refuses offsets beyond ±15:59, which ISO text may carry.
         return moment.astimezone(UTC)
     except (OverflowError, ValueError):
-        raise SelectionError(f"{name} is out of the range of dates", name) from None
+        raise SelectionError(f"{name} is out of range", name) from None

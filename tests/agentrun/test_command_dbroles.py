@@ -111,7 +111,52 @@ def test_the_app_role_appends_and_reads_events_but_cannot_change_them_or_their_t
             " WHERE tgrelid = 'agentrun_event'::regclass AND NOT tgisinternal ORDER BY tgname"
         )
         triggers = cur.fetchall()
-    assert triggers == [("agentrun_event_append_only", "O"), ("agentrun_event_no_truncate", "O")]
+    assert triggers == [
+        ("agentrun_event_append_only", "O"),
+        ("agentrun_event_chain", "O"),
+        ("agentrun_event_no_truncate", "O"),
+    ]
+
+
+@postgresql_only
+def test_the_app_role_can_neither_back_date_nor_forge_an_event_nor_move_a_chain(app_role):
+    from agentrun.audit import chain
+
+    record_event("note")
+    create(app_role)
+    with connect_as(app_role) as app:
+        app.execute(
+            "INSERT INTO agentrun_event (kind, actor, user_id, reason, payload, created_at,"
+            " stream, seq, prev_hash, hash, db_role)"
+            " VALUES ('backdated', 'olga', 1, '', '{}', '2001-02-03T04:05:06Z',"
+            " 'operator', 99, 'x', 'y', 'postgres')"
+        )
+        with app.transaction():
+            app.execute("SELECT set_config('agentrun.actor', 'olga', true)")
+            app.execute(
+                "INSERT INTO agentrun_event (kind, actor, reason, payload, created_at)"
+                " VALUES ('as_olga', 'system', '', '{}', now() - interval '1 day')"
+            )
+        now = app.execute("SELECT now()").fetchone()[0]
+        for statement in [
+            "UPDATE agentrun_audithead SET seq = 0",
+            "INSERT INTO agentrun_audithead (stream, seq, hash) VALUES ('forged', 1, '')",
+            "DELETE FROM agentrun_audithead",
+            "ALTER TABLE agentrun_event DISABLE TRIGGER agentrun_event_chain",
+            "DROP FUNCTION agentrun_event_chain() CASCADE",
+        ]:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute(statement)
+
+    backdated = Event.objects.get(kind="backdated")
+    assert abs((backdated.created_at - now).total_seconds()) < 60
+    assert (backdated.actor, backdated.user_id, backdated.db_role) == ("system", None, app_role)
+    assert (backdated.stream, backdated.seq) == ("operator", 2)
+    # The actor is the one the transaction named; the time is still the database's.
+    as_olga = Event.objects.get(kind="as_olga")
+    assert (as_olga.actor, as_olga.db_role) == ("olga", app_role)
+    assert as_olga.created_at > backdated.created_at
+    assert chain.verify().ok
 
 
 @postgresql_only

@@ -30,3 +30,22 @@ HX = {"HTTP_HX_REQUEST": "true"}
 def hx(target: str) -> dict[str, str]:
     """Headers of an htmx request aimed at the element with this id."""
     return {**HX, "HTTP_HX_TARGET": target}
+
+
+@pytest.fixture
+def history(people):
+    """Runs done, failed, approved and cancelled (with a formula as the reason), for the
+    audit page."""
+    from agentrun.lifecycle import services
+    from tests.base import drive
+    from tests.debugger import runs
+
+    olga, ada = people["operator"], people["admin"]
+    done = runs.walkthrough_run(olga)
+    failed = runs.failing_run(ada)
+    waiting = runs.waiting_run(olga)
+    services.decide_approval(waiting, user=ada, decision="approve", comment="checked the invoice")
+    drive(waiting)
+    queued = runs.queued_run(olga)
+    services.cancel_run(queued, user=olga, reason='=HYPERLINK("http://evil")')
+    return {"done": done, "failed": failed, "waiting": waiting, "queued": queued}

@@ -9,26 +9,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agentrun.lifecycle import services
 from agentrun.models import Event, ToolCall
-from tests.base import drive
-from tests.debugger import runs
 from tests.debugger.conftest import hx
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def history(people):
-    olga, ada = people["operator"], people["admin"]
-    done = runs.walkthrough_run(olga)
-    failed = runs.failing_run(ada)
-    waiting = runs.waiting_run(olga)
-    services.decide_approval(waiting, user=ada, decision="approve", comment="checked the invoice")
-    drive(waiting)
-    queued = runs.queued_run(olga)
-    services.cancel_run(queued, user=olga, reason='=HYPERLINK("http://evil")')
-    return {"done": done, "failed": failed, "waiting": waiting, "queued": queued}
 
 
 def test_it_lists_operator_actions_and_write_and_hybrid_calls(client_for, history):
