@@ -964,7 +964,12 @@ def watch_value(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         if step_text.isascii() and step_text.isdigit() and len(step_text) < 10
         else None
     )
-    context: dict[str, Any] = {"run": run, "path_text": text[:200], "step": step}
+    context: dict[str, Any] = {
+        "run": run,
+        "path_text": text[:200],
+        "step": step,
+        **abilities(request),
+    }
     if not text.strip():
         return render(request, "debugger/watch.html", context)
     try:
@@ -1062,6 +1067,8 @@ def _watch_entry(
         "next": next,
         "step_url": reverse("debugger:run-step", args=[c.run_id, c.step]),
         "diff_url": reverse("debugger:step-diff", args=[c.run_id, c.step]),
+        # The snapshot that holds the value as this change left it.
+        "fork_url": reverse("debugger:run-fork", args=[c.run_id, c.step, c.at]),
         "after_url": reverse("debugger:snapshot", args=[c.run_id, c.step, after_at]) + query
         if c.after_exists
         else None,

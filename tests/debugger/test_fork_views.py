@@ -86,6 +86,9 @@ def test_replay_from_here_is_on_every_snapshot_for_operators_only(client_for, pa
         ):
             html = operator.get(url, **hx("snap-pane")).content.decode()
             assert f'href="{target}" data-action="replay"' in html, url
+            # The button itself says which state the fork starts from.
+            side = "after" if target.endswith("/post/fork/") else "before"
+            assert re.search(rf'data-action="replay"[^>]*>Replay from {side} step {n}</a>', html)
             assert 'data-action="replay"' not in viewer.get(url).content.decode(), url
 
 
