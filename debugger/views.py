@@ -752,6 +752,7 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         selected=selected,
         step_url=f"{request.path}?{query.urlencode()}",
         fork_point=forks.fork_point(run),
+        fork_edited=_fork_edited(run),
         ran_on=versions.compared(other, run),
         **_step_diff(cmp, selected),
     )
@@ -761,6 +762,11 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     context.update(_compare_watch(request, other, run))
     status = 400 if context.get("watch_error") else 200
     return render(request, "debugger/compare.html", context, status=status)
+
+
+def _fork_edited(run: Run) -> bool:
+    event = forks.fork_event(run)
+    return bool(event and (event.payload or {}).get("edited"))
 
 
 def _step_diff(cmp: compare.Comparison, number: int | None) -> dict[str, Any]:

@@ -387,6 +387,13 @@ def test_compare_aligns_the_fork_with_its_parent_and_marks_the_first_divergence(
     row3 = cmp.rows[2]
     assert (row3.pre_same, row3.post_same) == (False, False)
     assert "First divergence at step 3" in html and "first divergence</span>" in html
+    # The edit made them differ before step 3 ran: the page does not blame the step.
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html))
+    assert (
+        "the two runs' states differ already before this step: the fork started from an "
+        "edited state, so they differ after it too." in said
+    )
+    assert "differ after this step" not in said
     assert "Compare <a" in html and "with its parent" in html
     # Both sides show the decision and the calls with their status.
     row4 = html.split('data-n="4"', 1)[1].split("</a>", 1)[0]
@@ -420,6 +427,8 @@ def test_an_unedited_sandbox_fork_diverges_where_a_write_was_skipped(client_for,
     fork = drive(services.fork_run(parent, step=2, at="post", user=people["operator"]))
     response = client_for("viewer").get(f"/runs/{fork.pk}/compare/")
     assert response.context["cmp"].first_divergence == 4  # notify skipped instead of sent
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", response.content.decode()))
+    assert "the two runs' states are the same before this step and differ after it." in said
     assert rows(response.content.decode()) == {
         1: "shared",
         2: "shared",
