@@ -8,9 +8,10 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import BooleanField, Exists, OuterRef, QuerySet, Sum
+from django.db.models import BooleanField, Exists, OuterRef, QuerySet, Sum, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Length
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
@@ -273,6 +274,7 @@ def _run_context(
         "version": timeline.version(run),
         "versions": versions.of_run(run),
         "phases": [p for p in PHASES if p != "waiting"],  # "waiting" is the mark's entry
+        "summary": run_summary(run.agent, run.input),
         "cancel_form": CancelForm(),
         **abilities(request),
     }
@@ -348,7 +350,30 @@ def _list_page(
 
 
 def _step_context(run: Run, step: Step) -> dict[str, Any]:
-    return {"sv": timeline.step_view(run, step), "version": timeline.version(run)}
+    return {
+        "sv": timeline.step_view(run, step),
+        "version": timeline.version(run),
+        "watch_paths": watch_suggestions(run, step.number),
+    }
+
+
+WATCH_SUGGESTIONS = 8
+
+
+def watch_suggestions(run: Run, number: int | None = None) -> list[str]:
+    """Paths worth watching in this run, deepest first: those step `number` changed (from
+    the snapshots' path index, no state read), else those its latest steps changed."""
+    snaps = Snapshot.objects.filter(run=run).exclude(paths="").order_by("-seq")
+    rows = []
+    if number is not None:
+        rows = list(snaps.filter(step=number).values_list("paths", flat=True)[:2])
+    if not rows:
+        rows = list(snaps.values_list("paths", flat=True)[:6])
+    found: dict[str, None] = {}
+    for text in rows:
+        for path in watch.named_paths(text):
+            found.setdefault(watch.format_path(path))
+    return sorted(found, key=lambda p: (-p.count(".") - p.count("["), p))[:WATCH_SUGGESTIONS]
 
 
 # --- actions --------------------------------------------------------------------------------
@@ -856,13 +881,19 @@ def run_rows(runs: QuerySet[Run]) -> QuerySet[Run]:
     return runs.defer("input").prefetch_related("labels")
 
 
+# A run without a goal is summed up from its input, read only when it is no bigger than this.
+SUMMARY_INPUT_MAX = 64 * 1024
+
+
 def with_row_facts(runs: list[Run]) -> list[Run]:
-    """Each run's goal (read from its input in the database), and whether a step of it
-    backed off after an error (`backed_off`) or crashed (`crashed`) and was tried again.
+    """Each run's goal (read from its input in the database) or else its agent's summary of
+    its input (`goal`), and whether a step of it backed off after an error (`backed_off`)
+    or crashed (`crashed`) and was tried again.
 
     One query for the page's runs: in the page's query, SQLite would work these out for
     every matching run before sorting. Both lookups use small partial indexes
-    (event_retries, step_crashed).
+    (event_retries, step_crashed). A second one reads the inputs of the runs without a
+    goal, those of a reasonable size only.
     """
     facts = (
         Run.objects.filter(pk__in=[run.pk for run in runs])
@@ -877,7 +908,31 @@ def with_row_facts(runs: list[Run]) -> list[Run]:
     by_pk = {pk: rest for pk, *rest in facts} if runs else {}
     for run in runs:
         run.goal, run.backed_off, run.crashed = by_pk.get(run.pk, ("", False, False))
+    goalless = [run for run in runs if not run.goal]
+    if goalless:
+        inputs = dict(
+            Run.objects.filter(pk__in=[run.pk for run in goalless])
+            .annotate(input_size=Length(Cast("input", TextField())))
+            .filter(input_size__lte=SUMMARY_INPUT_MAX)
+            .values_list("pk", "input")
+        )
+        for run in goalless:
+            if run.pk in inputs:
+                run.goal = run_summary(run.agent, inputs[run.pk])
     return runs
+
+
+def run_summary(agent: str, input: Any) -> str:
+    """What the run is about, in one line: its agent's `summary` of its (redacted) input;
+    the input's goal or first field when the agent is unknown here or its hook fails."""
+    from agentrun.agents import SUMMARY_CHARS, input_summary
+
+    shown = redact(input)
+    try:
+        text = get_agent(agent).summary(shown)
+    except Exception:  # noqa: BLE001 -- an agent's hook may not break the page
+        text = input_summary(shown)
+    return " ".join(str(text or "").split())[:SUMMARY_CHARS]
 
 
 @role_required
@@ -925,6 +980,7 @@ def purged_run(request: HttpRequest, run: Run, number: int | None) -> HttpRespon
     context = {
         "run": run,
         "step_asked": number,
+        "summary": run_summary(run.agent, run.input),
         "events": Event.objects.filter(run=run).order_by("created_at", "id"),
         "calls": ToolCall.objects.filter(run=run)
         .select_related("step")
@@ -974,6 +1030,7 @@ def watch_value(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         "run": run,
         "path_text": text[:200],
         "step": step,
+        "watch_paths": watch_suggestions(run, step),
         **abilities(request),
     }
     if not text.strip():
