@@ -366,7 +366,8 @@ def watch_suggestions(run: Run, number: int | None = None) -> list[str]:
     snaps = Snapshot.objects.filter(run=run).exclude(paths="").order_by("-seq")
     rows = []
     if number is not None:
-        rows = list(snaps.filter(step=number).values_list("paths", flat=True)[:2])
+        # Its post snapshot's (a pre that refers to the step before carries that one's).
+        rows = list(snaps.filter(step=number).values_list("paths", flat=True)[:1])
     if not rows:
         rows = list(snaps.values_list("paths", flat=True)[:6])
     found: dict[str, None] = {}
