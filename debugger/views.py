@@ -228,15 +228,31 @@ def run_live(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     found = _search(request, run)
     around = request.GET.get("around", "")
     selected = int(around) if around.isascii() and around.isdigit() and len(around) < 10 else None
+    # The page was drawn before the run had a step (`open`): once it has some, open the step
+    # a fresh load would, with the search form, as a fresh load draws them.
+    opening = request.GET.get("open") == "1" and bool(marks) and not found.errors
+    if opening:
+        hits = found.matches() if found.active else None
+        selected = timeline.opening_step(
+            run, marks if hits is None else [m for m in marks if m.number in hits]
+        )
     context = _run_context(request, run, marks, found, selected)
-    return _live_response(request, run, context)
+    if opening:
+        context["selected"] = selected
+        if selected is not None:
+            context.update(_step_context(run, get_object_or_404(Step, run=run, number=selected)))
+    return _live_response(request, run, context, opening=opening)
 
 
-def _live_response(request: HttpRequest, run: Run, context: dict[str, Any]) -> HttpResponse:
+def _live_response(
+    request: HttpRequest, run: Run, context: dict[str, Any], opening: bool = False
+) -> HttpResponse:
     body = render_to_string("debugger/run_detail.html#live", context, request=request)
-    body += render_to_string(
-        "debugger/run_detail.html#steplist", {**context, "oob": True}, request=request
-    )
+    parts = ["steplist", "runsearch", "step"] if opening else ["steplist"]
+    for part in parts:
+        body += render_to_string(
+            f"debugger/run_detail.html#{part}", {**context, "oob": True}, request=request
+        )
     return _stop_polling_unless(run.is_active, HttpResponse(body))
 
 
