@@ -35,7 +35,7 @@ def text(response) -> str:
 
 def goal_cells(response) -> list[str]:
     cells = re.findall(
-        r'<td class="goal" hx-disable><span class="clip">(.*?)</span>', response.content.decode()
+        r'<td class="goal[^"]*"[^>]*><span class="clip">(.*?)</span>', response.content.decode()
     )
     return [htmllib.unescape(c) for c in cells]
 
