@@ -750,9 +750,27 @@ def _fork_page(
         "check": check,
         "max_bytes": forks.upload_limit(),
         "live_versions": sorted(versions_alive()),
+        "open_paths": _fork_open_paths(run, number, at) if source else [],
         **abilities(request),
     }
     return render(request, "debugger/fork.html", context, status=status)
+
+
+FORK_OPEN_PATHS = 4
+
+
+def _fork_open_paths(run: Run, number: int, at: str) -> list[str]:
+    """Where the editor opens its tree: what changed last before this snapshot (the step
+    before a pre snapshot, the step itself for a post one), below the top-level keys: the
+    values an operator most likely came to correct."""
+    snaps = Snapshot.objects.filter(run=run).exclude(paths="")
+    if at == "pre":
+        snaps = snaps.filter(seq__lte=Snapshot.seq_for(number, "pre"))
+    else:
+        snaps = snaps.filter(seq__lte=Snapshot.seq_for(number, "post"))
+    text = snaps.order_by("-seq").values_list("paths", flat=True).first()
+    deep = [p for p in watch.named_paths(text) if len(p) > 1]
+    return [watch.format_path(p) for p in deep[:FORK_OPEN_PATHS]]
 
 
 @role_required
