@@ -203,14 +203,12 @@ def run_detail(request: HtmxHttpRequest, run_id: Any, number: int | None = None)
             return HttpResponse(_search_errors(found), status=400)
     elif _list_page_request(request):
         return _list_page(request, run, marks, found)
+    auto = number is None  # the page picks the step: the live refresh may pick again
     if number is None:
-        hits = found.matches() if found.active else None
-        number = timeline.opening_step(
-            run, marks if hits is None else [m for m in marks if m.number in hits]
-        )
+        number = _opening_step(run, marks, found)
     elif not any(m.number == number for m in marks):
         raise Http404("no such step")
-    context = {**_run_context(request, run, marks, found, number), "selected": number}
+    context = {**_run_context(request, run, marks, found, number), "selected": number, "auto": auto}
     if _fragment(request, "run-live"):  # the search form: the filtered strip and list
         return _live_response(request, run, context)
     if number is not None:
@@ -228,27 +226,49 @@ def run_live(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     found = _search(request, run)
     around = request.GET.get("around", "")
     selected = int(around) if around.isascii() and around.isdigit() and len(around) < 10 else None
-    # The page was drawn before the run had a step (`open`): once it has some, open the step
-    # a fresh load would, with the search form, as a fresh load draws them.
-    opening = request.GET.get("open") == "1" and bool(marks) and not found.errors
-    if opening:
-        hits = found.matches() if found.active else None
-        selected = timeline.opening_step(
-            run, marks if hits is None else [m for m in marks if m.number in hits]
-        )
+    # The page's script says when the step shown is the page's own pick, or none (`open`,
+    # `shown`), and when the search form is missing (`form=0`: drawn before the run had a
+    # step). Then the refresh does what a fresh load would: opens a step once there is one,
+    # the opening step again once the run has finished, and brings the search form.
+    shown = request.GET.get("shown", "")
+    reopen = (
+        request.GET.get("open") == "1"
+        and bool(marks)
+        and not found.errors
+        and (not shown or not run.is_active)
+    )
+    if reopen:
+        selected = _opening_step(run, marks, found)
+        reopen = selected is not None and str(selected) != shown
     context = _run_context(request, run, marks, found, selected)
-    if opening:
-        context["selected"] = selected
-        if selected is not None:
-            context.update(_step_context(run, get_object_or_404(Step, run=run, number=selected)))
-    return _live_response(request, run, context, opening=opening)
+    parts = ["steplist"]
+    if request.GET.get("form") == "0" and marks:
+        parts.append("runsearch")
+    if reopen:
+        assert selected is not None
+        context.update(
+            _step_context(run, get_object_or_404(Step, run=run, number=selected)),
+            selected=selected,
+            auto=True,
+        )
+        parts.append("step")
+    return _live_response(request, run, context, parts)
+
+
+def _opening_step(run: Run, marks: list[timeline.Mark], found: StepSearchForm) -> int | None:
+    hits = found.matches() if found.active else None
+    return timeline.opening_step(
+        run, marks if hits is None else [m for m in marks if m.number in hits]
+    )
 
 
 def _live_response(
-    request: HttpRequest, run: Run, context: dict[str, Any], opening: bool = False
+    request: HttpRequest,
+    run: Run,
+    context: dict[str, Any],
+    parts: tuple[str, ...] | list[str] = ("steplist",),
 ) -> HttpResponse:
     body = render_to_string("debugger/run_detail.html#live", context, request=request)
-    parts = ["steplist", "runsearch", "step"] if opening else ["steplist"]
     for part in parts:
         body += render_to_string(
             f"debugger/run_detail.html#{part}", {**context, "oob": True}, request=request

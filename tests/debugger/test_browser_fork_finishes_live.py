@@ -52,9 +52,9 @@ def test_a_fork_that_finishes_while_its_page_is_open_looks_as_after_a_reload(
             # Queued, no worker yet: no step to open, nothing to search.
             before = page.evaluate(LOOK)
             assert before["select_a_step"] and not before["search_form"] and before["live"]
-
+            # The first steps open one while the fork runs; its end opens the step a load would.
             worker = Worker(tmp_path)  # picks the fork up from the broker
-            page.wait_for_selector(".runhead .badge.st-succeeded", timeout=60_000)
+            page.wait_for_selector(".runtitle .badge.st-succeeded", timeout=60_000)
             settle(page)
             page.wait_for_selector("#step-body #snap-pane .diffhead")
             live = page.evaluate(LOOK)

@@ -120,7 +120,9 @@ def test_live_updates_poll_while_active_and_stop_when_finished(client_for, peopl
     client = client_for("viewer")
     html = client.get(f"/runs/{run.pk}/").content.decode()
     poll = htmllib.unescape(re.search(r'hx-get="(/runs/[^"]+/live/\?[^"]*v=[^"]+)"', html).group(1))
-    assert "open=1" in poll  # drawn before the run had a step
+    assert 'class="stepbody empty"' in html and 'id="run-search" hidden' in html
+    # As the page's script asks: no step shown, no search form.
+    poll += "&open=1&shown=&form=0"
     assert client.get(poll, **hx("run-live")).status_code == 204  # nothing changed
     drive(run)
     response = client.get(poll, **hx("run-live"))
@@ -134,7 +136,11 @@ def test_live_updates_poll_while_active_and_stop_when_finished(client_for, peopl
     opened = re.search(r'<section id="step-body"[^>]*data-step="(\d+)"', fresh).group(1)
     assert re.search(rf'<section id="step-body" hx-swap-oob="true"[^>]*data-step="{opened}"', body)
     assert '<form id="run-search" hx-swap-oob="true"' in body
-    assert "open=1" not in body  # the next refresh, if any, leaves them alone
+    # A step the operator picked is left alone; the page's own pick follows to the end.
+    picked = client.get(poll.replace("shown=", "shown=1").replace("open=1&", ""), **hx("run-live"))
+    assert 'id="step-body"' not in picked.content.decode()
+    same = client.get(poll.replace("shown=", f"shown={opened}"), **hx("run-live"))
+    assert 'id="step-body"' not in same.content.decode()  # already the one a load opens
 
 
 def test_an_unfinished_step_body_polls_until_it_is_done(client_for, people):
