@@ -839,6 +839,7 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     if _fragment(request, "compare-diff"):
         return render(request, "debugger/compare.html#diff", context)
     context["picker"] = compare.picker(run)
+    context["watch_paths"] = watch_suggestions(run)
     context.update(_compare_watch(request, other, run))
     status = 400 if context.get("watch_error") else 200
     return render(request, "debugger/compare.html", context, status=status)

@@ -80,3 +80,16 @@ def test_the_watch_box_suggests_paths_this_step_changed(client_for, people):
     run = Run.objects.create(agent="glossary-with-summary", input={"word": "serendipity"})
     page = client_for("viewer").get(f"/runs/{run.pk}/watch/").content.decode()
     assert "memory.notes.cart" not in page
+
+
+def test_compare_suggests_paths_of_the_fork_not_a_shop_path(client_for, people):
+    from agentrun.lifecycle import services
+    from tests.base import drive
+    from tests.debugger import runs
+
+    parent = runs.walkthrough_run(people["operator"])
+    fork = drive(services.fork_run(parent, step=3, at="pre", user=people["operator"]))
+    body = client_for("viewer").get(f"/runs/{fork.pk}/compare/").content.decode()
+    box = re.search(r'<input id="compare-watch-path".*?</datalist>', body, re.S).group(0)
+    assert "memory.notes.cart" not in box
+    assert re.findall(r'<option value="([^"]+)">', box)
