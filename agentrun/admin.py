@@ -51,6 +51,12 @@ class EventAdmin(ReadOnlyAdmin):
     search_fields = ("actor", "kind")
 
 
+@admin.register(models.WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "event", "run", "step", "status", "attempts", "last_error")
+    list_filter = ("status", "event")
+
+
 for model in (
     models.LedgerEntry,
     models.LedgerInvocation,

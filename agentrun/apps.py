@@ -13,9 +13,7 @@ class AgentrunConfig(AppConfig):
         from django.conf import settings
 
         from agentrun import builtin  # noqa: F401
-        from agentrun.infra.malloc import keep_freed_memory
-
-        keep_freed_memory(settings.AGENTRUN_MALLOC_TRIM_MB)
+        from agentrun.security import checks  # noqa: F401  (registers the deploy checks)
 
         for module in settings.AGENTRUN_AGENT_MODULES:
             import_module(module)
@@ -25,3 +23,15 @@ class AgentrunConfig(AppConfig):
         from agentrun.engine import versions
 
         versions.settle()
+
+        # The web's /metrics also says what the Now page's header says: runs in flight by
+        # state (deciding, on a tool, backoff, approval, in doubt, crashed, stalled, queued).
+        from agentrun.engine import inflight
+        from agentrun.telemetry import metrics
+
+        metrics.add_counts(
+            "agentrun_runs_in_flight",
+            "Active runs by what they are doing or waiting for (the Now page's states)",
+            "state",
+            inflight.counts,
+        )

@@ -76,6 +76,22 @@ def _say_this_worker_is_gone(**_: Any) -> None:
         _HEARTBEAT.pop().stop()
 
 
+# The worker's own metrics (the steps it ran) on a port of its own, when one is set; and
+# the spans it still buffers exported before it goes.
+@worker_ready.connect
+def _serve_this_workers_metrics(**_: Any) -> None:
+    from agentrun.telemetry import metrics
+
+    metrics.serve_worker_metrics()
+
+
+@worker_shutdown.connect
+def _export_the_last_spans(**_: Any) -> None:
+    from agentrun.telemetry import tracing
+
+    tracing.shutdown()
+
+
 # The LLM client costs ~1.5 s to import and its TLS settings ~20 ms to build: both
 # happen when a worker starts, in the background (the worker is ready meanwhile), not
 # in its first hundred steps in flight.

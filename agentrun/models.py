@@ -129,6 +129,9 @@ class Run(models.Model):
     created_version = models.CharField(max_length=64, blank=True)
     target_version = models.CharField(max_length=64, blank=True)
     code_version = models.CharField(max_length=64, blank=True)
+    # The W3C traceparent of the traced request that started the run (agentrun.telemetry.tracing):
+    # its trace is the run's. Blank: the run's trace id is its own id.
+    trace_parent = models.CharField(max_length=55, blank=True, default="", db_default="")
     # A fork made by a replay batch: the batch hears when it ends.
     batch = models.ForeignKey(
         "ReplayBatch",
@@ -731,6 +734,81 @@ class BatchItem(models.Model):
 
     def __str__(self) -> str:
         return f"item {self.position} of {self.batch_id}"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"  # not delivered yet: its next attempt is due at next_attempt_at
+    DELIVERED = "delivered"
+    GAVE_UP = "gave_up"  # AGENTRUN_WEBHOOK_MAX_ATTEMPTS attempts failed
+
+
+class WebhookDelivery(models.Model):
+    """One notification to the failure webhook (agentrun.telemetry.webhooks): a run failed,
+    or a step kept crashing. Made once per (run, event, step), delivered at most once: an
+    attempt first claims the row, a receiver can tell retries apart by the delivery id."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_index=False)
+    event = models.CharField(max_length=40)
+    step = models.IntegerField()
+    payload = models.JSONField(default=dict)
+    status = models.CharField(
+        max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
+    attempts = models.IntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    # An attempt in progress holds the row until then (a second sender skips it).
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "webhook deliveries"
+        constraints = [
+            # One notification per event; also the way from a run to its deliveries.
+            models.UniqueConstraint(fields=["run", "event", "step"], name="webhook_once"),
+        ]
+        indexes = [
+            # The reconciler's deliveries still to make, oldest due first.
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(status="pending"),
+                name="webhook_pending",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} of {self.run_id} ({self.status})"
+
+
+class SavedView(models.Model):
+    """A named filter of the run list, an operator's own. Its filter is the run list's
+    query (agentrun.lifecycle.selection's fields), so its link is the run list's URL with
+    that query: one anyone with a role can open."""
+
+    # No index of its own: savedview_owner_name starts with owner.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    name = models.CharField(max_length=100)
+    query = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    #: The most views an operator keeps.
+    MAX_PER_OWNER = 50
+
+    class Meta:
+        ordering = ["owner", "name"]
+        constraints = [
+            # A name once per operator (saving it again replaces its filter); also the way
+            # from an operator to their views, in name order.
+            models.UniqueConstraint(fields=["owner", "name"], name="savedview_owner_name"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class ApiToken(models.Model):

@@ -63,7 +63,7 @@ def database_from_url(url: str) -> dict:
             "timeout": env_float("DB_POOL_TIMEOUT", 30.0),
         }
     return {
-        # Django's backend, whose pooled connection a step lends between its writes
+        # Django's, checking each connection it takes from the pool
         # (agentrun/infra/postgresql/base.py).
         "ENGINE": "agentrun.infra.postgresql",
         "NAME": unquote(parts.path.lstrip("/")),
@@ -74,6 +74,10 @@ def database_from_url(url: str) -> dict:
         "OPTIONS": options,
         # Pooled connections go back to the pool instead (Django refuses both at once).
         "CONN_MAX_AGE": 0 if pool_max > 0 else env_int("DB_CONN_MAX_AGE", 60),
+        # Without a pool, a persistent connection is checked before a request uses it; a
+        # pooled one as it is taken from the pool (the ENGINE's). One the server closed (a
+        # restart, an idle timeout) is replaced, never given to a request or a step.
+        "CONN_HEALTH_CHECKS": pool_max == 0,
     }
 
 
@@ -95,6 +99,7 @@ def sqlite_database(path: Path) -> dict:
 DATABASE_URL = env("DATABASE_URL")
 EMBEDDED = not DATABASE_URL
 
+# Unset, the embedded default: `check --deploy` fails with it (agentrun.security.checks).
 SECRET_KEY = env("SECRET_KEY", "embedded-insecure-key-set-SECRET_KEY-in-production")
 DEBUG = env_bool("DEBUG", EMBEDDED)
 ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")]
@@ -136,6 +141,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A database that is down or restarting: 503 with Retry-After, not a 500 (agentrun/infra/outage.py).
+    "agentrun.infra.outage.DatabaseUnavailableMiddleware",
     # Long run pages (a 1,000-step timeline is ~600 KB of HTML) compress ~10x.
     "django.middleware.gzip.GZipMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -323,15 +330,42 @@ AGENTRUN_SEARCH_INDEX_STEPS = env_int("AGENTRUN_SEARCH_INDEX_STEPS", 2000)
 # (agentrun.store.compaction): a third fewer bytes, and a history that reads every step reads
 # fewer compressed streams. 0: never.
 AGENTRUN_COMPACT_STEPS = env_int("AGENTRUN_COMPACT_STEPS", 1000)
-# Freed memory a process keeps for its next allocations instead of handing it back to the
-# kernel at once (glibc; agentrun/infra/malloc.py): a step reuses its pages. 0: glibc's default.
-AGENTRUN_MALLOC_TRIM_MB = env_int("AGENTRUN_MALLOC_TRIM_MB", 64)
 
 # Importing a run's archive (agentrun.lifecycle.archive): the archive's size as uploaded, what it
 # may inflate to (a gzip bomb stops here, not in memory) and its longest line (one record).
 AGENTRUN_IMPORT_MAX_BYTES = env_int("AGENTRUN_IMPORT_MAX_BYTES", 1024**3)
 AGENTRUN_IMPORT_MAX_EXPANDED_BYTES = env_int("AGENTRUN_IMPORT_MAX_EXPANDED_BYTES", 8 * 1024**3)
 AGENTRUN_IMPORT_MAX_LINE_BYTES = env_int("AGENTRUN_IMPORT_MAX_LINE_BYTES", 256 * 1024**2)
+
+# --- observability (docs/operations/observability.md) -------------------------------------
+# The web's /metrics answers only a request with "Authorization: Bearer <this token>";
+# unset, /metrics is off (404). It reads the database at most once per this many seconds.
+AGENTRUN_METRICS_TOKEN = env("AGENTRUN_METRICS_TOKEN")
+AGENTRUN_METRICS_CACHE_SECONDS = env_float("AGENTRUN_METRICS_CACHE_SECONDS", 5.0)
+# Each worker process serves its own metrics (steps, model requests, tool calls it ran) on
+# this port, bound to this address (no login: bind it where only Prometheus reaches). 0: off.
+AGENTRUN_WORKER_METRICS_PORT = env_int("AGENTRUN_WORKER_METRICS_PORT", 0)
+AGENTRUN_WORKER_METRICS_ADDR = env("AGENTRUN_WORKER_METRICS_ADDR", "127.0.0.1")
+# Traces are configured by the standard OTEL_* variables. The run page links to the run's
+# trace in the operator's tracing UI through this template ({trace_id}: 32 hex digits).
+AGENTRUN_TRACE_URL = env("AGENTRUN_TRACE_URL")
+# A span attribute longer than this (UTF-8 bytes) is cut, and says how long it was.
+AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES = env_int("AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES", 4096)
+# The failure webhook (agentrun.telemetry.webhooks): JSON posted here when a run fails or a
+# step keeps crashing, signed (HMAC-SHA256) with the secret, which is then required.
+AGENTRUN_WEBHOOK_URL = env("AGENTRUN_WEBHOOK_URL")
+AGENTRUN_WEBHOOK_SECRET = env("AGENTRUN_WEBHOOK_SECRET")
+if AGENTRUN_WEBHOOK_URL and urlparse(AGENTRUN_WEBHOOK_URL).scheme not in ("http", "https"):
+    raise ValueError("AGENTRUN_WEBHOOK_URL must be an http:// or https:// URL")
+if AGENTRUN_WEBHOOK_URL and not AGENTRUN_WEBHOOK_SECRET:
+    raise ValueError("AGENTRUN_WEBHOOK_URL needs AGENTRUN_WEBHOOK_SECRET to sign what it sends")
+# A failed delivery is tried again after this many seconds, doubled each time (at most an
+# hour), until this many attempts; each attempt waits this long for an answer.
+AGENTRUN_WEBHOOK_RETRY_SECONDS = env_float("AGENTRUN_WEBHOOK_RETRY_SECONDS", 10.0)
+AGENTRUN_WEBHOOK_MAX_ATTEMPTS = env_int("AGENTRUN_WEBHOOK_MAX_ATTEMPTS", 8)
+AGENTRUN_WEBHOOK_TIMEOUT = env_float("AGENTRUN_WEBHOOK_TIMEOUT", 10.0)
+# A run not ended and unchanged for this many minutes is notified as stuck (once per step); 0: never.
+AGENTRUN_WEBHOOK_STUCK_MINUTES = env_float("AGENTRUN_WEBHOOK_STUCK_MINUTES", 60.0)
 
 LOGGING = {
     "version": 1,

@@ -6,6 +6,7 @@ from django.conf import settings
 from agentrun import engine
 from agentrun.engine import reconcile
 from agentrun.lifecycle import batches
+from agentrun.telemetry import metrics, webhooks
 
 
 @shared_task(name="agentrun.execute_step")
@@ -17,7 +18,18 @@ def execute_step_task(run_id: str, step: int) -> str:
 def reconcile_task() -> dict:
     done = reconcile.reconcile_once()
     done["batches"] = batches.advance_all()  # a lost message delays a batch one pass
+    done["webhooks"] = webhooks.sweep()  # failures nobody notified, retries overdue
+    metrics.count_reconciled(done)
     return done
+
+
+# One attempt per message; a failed one is tried again later by Celery (and, if that
+# message is lost, by the reconciler's sweep).
+@shared_task(name="agentrun.webhook", bind=True, max_retries=None, acks_late=False)
+def webhook_task(self, delivery_id: str) -> None:
+    delay = webhooks.deliver(delivery_id)
+    if delay is not None:
+        raise self.retry(countdown=delay)
 
 
 @shared_task(name="agentrun.batch_advance")

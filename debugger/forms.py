@@ -11,7 +11,9 @@ from agentrun.engine import inflight
 from agentrun.lifecycle import labels as run_labels
 from agentrun.lifecycle import selection as runs_selection
 from agentrun.lifecycle.runids import RunIdError, resolve_run
+from agentrun.lifecycle.services import REASON_MAX_LENGTH
 from agentrun.models import Event, Run, RunStatus, ToolCall
+from agentrun.security import storable
 from agentrun.security.storable import check_storable
 from debugger.diffs import SnapshotRef, SpecError
 
@@ -244,14 +246,14 @@ class NowFilterForm(forms.Form):
 class CancelForm(forms.Form):
     reason = forms.CharField(
         required=False,
-        max_length=2000,
+        max_length=REASON_MAX_LENGTH,
         widget=forms.TextInput(attrs={"placeholder": "reason (recorded in the audit log)"}),
     )
 
 
 class ApprovalForm(forms.Form):
     decision = forms.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")])
-    comment = forms.CharField(required=False, max_length=2000)
+    comment = forms.CharField(required=False, max_length=REASON_MAX_LENGTH)
     resolution = forms.ChoiceField(
         required=False, choices=[("", "–"), ("retry", "retry"), ("mark_done", "mark done")]
     )
@@ -338,20 +340,18 @@ class ForkForm(ForkStateForm):
             "invalid_choice": "Choose sandbox, recorded or live (not %(value)s).",
         },
     )
-    reason = forms.CharField(required=False, max_length=2000)
+    reason = forms.CharField(required=False, max_length=REASON_MAX_LENGTH)
     confirm_live = forms.BooleanField(required=False)
     # Blank: any worker runs the fork; else only workers of this code version.
     version = forms.CharField(required=False, max_length=64, strip=True)
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed in JSON")
-
-
 def parse_json(text: str) -> Any:
-    """The value of JSON text; a ValidationError names the line and column of a mistake."""
+    """The value of JSON text by the one JSON policy's rules (agentrun.security.storable:
+    no NaN, no 1e999, no integer of over 100 digits); a ValidationError names the line
+    and column of a mistake."""
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return storable.loads(text)
     except json.JSONDecodeError as exc:
         raise forms.ValidationError(
             "Invalid JSON at line %(line)s, column %(column)s: %(problem)s.",
@@ -369,7 +369,7 @@ def parse_json(text: str) -> Any:
 
 class PinForm(forms.Form):
     reason = forms.CharField(
-        max_length=2000,
+        max_length=REASON_MAX_LENGTH,
         error_messages={"required": "a pin needs a reason, e.g. the incident it is kept for"},
     )
 
@@ -442,7 +442,7 @@ class BatchForm(RefusalMixin):
         max_length=1000,
         widget=forms.TextInput(attrs={"placeholder": "e.g. the incident it repairs"}),
     )
-    reason = forms.CharField(required=False, max_length=4000)
+    reason = forms.CharField(required=False, max_length=REASON_MAX_LENGTH)
     max_in_flight = forms.IntegerField(required=False, min_value=1, max_value=10_000)
     confirm_live = forms.BooleanField(required=False)
 
@@ -481,5 +481,5 @@ class PromoteForm(RefusalMixin):
     """Promote a batch: replay live, as a new batch, the runs whose fork succeeded."""
 
     name = forms.CharField(required=False, max_length=1000)
-    reason = forms.CharField(required=False, max_length=4000)
+    reason = forms.CharField(required=False, max_length=REASON_MAX_LENGTH)
     confirm_live = forms.BooleanField(required=False)

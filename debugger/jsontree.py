@@ -28,9 +28,13 @@ STRING_PREVIEW = 160
 STRING_FULL_LIMIT = 200_000
 
 
-def json_size(value: Any) -> int:
-    """Bytes of value as compact JSON (non-ASCII counted as escapes: the fast encoder)."""
-    return len(json.dumps(value, separators=(",", ":"), default=str))
+def json_size(value: Any) -> int | None:
+    """Bytes of value as compact JSON (non-ASCII counted as escapes: the fast encoder);
+    None for a value nested too deep for the encoder."""
+    try:
+        return len(json.dumps(value, separators=(",", ":"), default=str))
+    except RecursionError:
+        return None
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -94,6 +98,9 @@ class TreeOptions:
     budget: int = 3000
     per_container: int = 100  # a page of a list: the newest 100, links to the rest
     open_depth: int = 2
+    # Levels drawn below the tree's root; deeper containers link to their subtree's own
+    # page, so a value of any depth is drawn without deep recursion, a page at a time.
+    max_depth: int = 32
     watch: Callable[[Path], str] | None = None  # url of the value's history
 
 
@@ -181,7 +188,7 @@ class _Renderer:
         count = f"{n:,} {'key' if is_dict else 'item'}{'' if n == 1 else 's'}"
         size = json_size(value) if size is None else size
         meta = f"{'object' if is_dict else 'array'} · {count} · {human_bytes(size)}"
-        if self.left <= 0 and depth > 0:
+        if (self.left <= 0 or depth >= self.opts.max_depth) and depth > 0:
             link = e(self.opts.link(path, None))
             self.parts.append(
                 f'<li class="jt-stub">{self.key(key)}<span class="jt-body"><span class="jt-meta">'
@@ -275,6 +282,17 @@ def render_tree(
     key = path[-1] if path else None
     r.node(key, value, path, 0, start=start, size=size)
     return mark_safe('<ul class="jt">' + "".join(r.parts) + "</ul>")  # noqa: S308 - built with e()
+
+
+#: An input larger than this (as JSON) is not drawn in the run page: its panel fetches the
+#: tree when it is opened (a 10,000-step script would be most of the page).
+INPUT_INLINE_BYTES = 16 * 1024
+
+
+def input_inline(run: Any) -> tuple[bool, int | None]:
+    """Whether the run page draws the run's input in place, and the input's JSON size."""
+    size = json_size(run.input)
+    return size is not None and size <= INPUT_INLINE_BYTES, size
 
 
 def run_input_tree(run: Any) -> SafeString:

@@ -1,6 +1,6 @@
 from django.urls import path, re_path, register_converter
 
-from debugger import views
+from debugger import saved, views
 
 
 class BoundaryConverter:
@@ -20,6 +20,9 @@ register_converter(BoundaryConverter, "at")
 app_name = "debugger"
 urlpatterns = [
     path("", views.run_list, name="run-list"),
+    # Saved views: an operator's named filters of the run list.
+    path("views/", saved.save_view, name="view-save"),
+    path("views/<int:view_id>/delete/", saved.delete_view, name="view-delete"),
     path("runs/<uuid:run_id>/", views.run_detail, name="run-detail"),
     path("runs/<uuid:run_id>/live/", views.run_live, name="run-live"),
     path("runs/<uuid:run_id>/cancel/", views.cancel_run, name="run-cancel"),
@@ -47,6 +50,7 @@ urlpatterns = [
         name="snapshot-json",
     ),
     path("runs/<uuid:run_id>/input.json", views.run_input_json, name="run-input-json"),
+    path("runs/<uuid:run_id>/input/", views.run_input, name="run-input"),
     path("runs/<uuid:run_id>/export/", views.run_export, name="run-export"),
     path("now/", views.now, name="now"),
     # Replay batches: the runs a filter selects, forked again together.

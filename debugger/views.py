@@ -28,13 +28,22 @@ from agentrun.engine import inflight
 from agentrun.engine.versions import alive_workers, versions_alive
 from agentrun.lifecycle import batches, services
 from agentrun.lifecycle.runids import RunIdError, resolve_run
-from agentrun.models import RETRY_EVENTS, Event, ReplayBatch, Run, Snapshot, Step, Worker
+from agentrun.models import (
+    RETRY_EVENTS,
+    Event,
+    ReplayBatch,
+    Run,
+    SavedView,
+    Snapshot,
+    Step,
+    Worker,
+)
 from agentrun.security.redact import redact
 from agentrun.store import watch
 from agentrun.store.delta import state_hash
 from agentrun.tools import REGISTRY as TOOLS
 from debugger import audit as audit_log
-from debugger import charts, compare, forks, progress, timeline, versions
+from debugger import charts, compare, forks, progress, saved, timeline, versions
 from debugger.access import abilities, check, get_batch_for, get_run_for, role_required
 from debugger.diffs import SnapshotRef, StateDiff, diff_states
 from debugger.forms import (
@@ -59,6 +68,7 @@ from debugger.jsontree import (
     parse_path,
     render_tree,
     resolve,
+    run_input_tree,
 )
 from debugger.search import FIELDS as search_fields
 from debugger.search import StepSearchForm
@@ -123,8 +133,14 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         if request.GET.get("v") == token and active:
             return HttpResponse(status=204)
         return _stop_polling_unless(active, render(request, "debugger/run_list.html#rows", context))
+    query = form.query() if form.is_valid() else None
     context.update(
         _inflight_counts(),
+        saved_views=[
+            {"view": v, "url": saved.view_url(v.query), "current": v.query == query}
+            for v in SavedView.objects.filter(owner=request.user)
+        ],
+        filter_query=urlencode(query, doseq=True) if query else "",
         known_versions=sorted(set(Worker.objects.values_list("version", flat=True))),
         tools=sorted(TOOLS),
         # What the runs this filter selects used, all of them (not only this page).
@@ -982,13 +998,31 @@ def run_summary(agent: str, input: Any) -> str:
     """What the run is about, in one line: its agent's `summary` of its (redacted) input;
     the input's goal or first field when the agent is unknown here or its hook fails."""
     from agentrun.agents import SUMMARY_CHARS, input_summary
+    from agentrun.security.redact import redact_text
+    from debugger.jsontree import json_size
 
+    if isinstance(input, dict) and isinstance(input.get("goal"), str) and input["goal"].strip():
+        return " ".join(redact_text(input["goal"]).split())[:SUMMARY_CHARS]
+    if isinstance(input, dict) and (json_size(input) or SUMMARY_INPUT_MAX + 1) > SUMMARY_INPUT_MAX:
+        # A big input (the run page polls): its top-level scalars are enough to sum it up.
+        input = {k: v for k, v in input.items() if not isinstance(v, list | dict)}
     shown = redact(input)
     try:
         text = get_agent(agent).summary(shown)
     except Exception:  # noqa: BLE001 -- an agent's hook may not break the page
         text = input_summary(shown)
     return " ".join(str(text or "").split())[:SUMMARY_CHARS]
+
+
+@role_required
+def run_input(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
+    """The run's input as a tree (redacted): what the run page's panel fetches when a long
+    input is opened, or a page of its own."""
+    run = get_run_for(request, run_id)
+    context = {"run": run, "tree": run_input_tree(run)}
+    if _fragment(request, "run-input-tree"):
+        return render(request, "debugger/run_input.html#tree", context)
+    return render(request, "debugger/run_input.html", context)
 
 
 @role_required

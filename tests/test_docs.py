@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -346,12 +347,27 @@ def test_the_incident_regression_test_of_the_fleet_page_fails_on_the_bug(on_v1, 
         snippet.test_the_empty_order_incident_stays_fixed(None)
 
 
+def test_the_webhook_check_of_the_observability_page_takes_only_what_agentrun_signed():
+    from agentrun.telemetry import webhooks
+
+    verify = load_snippet("verify_webhook.py").verify
+    body, now = b'{"event": "run_failed"}', str(int(time.time()))
+    signed = {"X-Agentrun-Timestamp": now, "X-Agentrun-Signature": webhooks.sign(body, now, "s")}
+    assert verify(body, signed, "s")
+    assert not verify(body + b" ", signed, "s")
+    assert not verify(body, signed, "another secret")
+    old = str(int(time.time()) - 3600)
+    stale = {"X-Agentrun-Timestamp": old, "X-Agentrun-Signature": webhooks.sign(body, old, "s")}
+    assert not verify(body, stale, "s")
+
+
 # Every file of docs/snippets/ is run by a test here: the one that says so.
 SNIPPET_TESTS = {
     "hybrid_tool.py": test_the_hybrid_tool_of_the_tools_page_is_undone_when_its_run_fails,
     "incident_regression_test.py": (
         test_the_incident_regression_test_of_the_fleet_page_passes_on_the_fix
     ),
+    "verify_webhook.py": test_the_webhook_check_of_the_observability_page_takes_only_what_agentrun_signed,
 }
 
 

@@ -3,7 +3,8 @@
 - Every error is JSON `{"detail": "..."}`, `application/json`, with extra members
   where they help (`field`: the request member at fault): raise ApiError. A 401
   says how to authenticate (WWW-Authenticate), a 405 which methods to use (Allow),
-  a 413 the size limit; anything unexpected is logged and a JSON 500.
+  a 413 the size limit; a database that is down or restarting a 503 with Retry-After
+  (agentrun.infra.outage); anything unexpected is logged and a JSON 500.
 - A request that doesn't match the declared schema is a 400 whose detail is written
   from that schema ("limit must be between 1 and 500, not 0"), not Ninja's 422 list;
   a path parameter that can't name anything (a run id that is no UUID) is a 404.
@@ -23,6 +24,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.urls import URLPattern, path
 from ninja import NinjaAPI
@@ -32,6 +34,7 @@ from ninja.operation import Operation
 from ninja.parser import Parser
 from pydantic import BaseModel, ValidationError
 
+from agentrun.infra.outage import unavailable
 from agentrun.security.storable import check_storable
 
 log = logging.getLogger(__name__)
@@ -105,6 +108,8 @@ class Api(NinjaAPI):
             (HttpError, self._http_error),
             (RequestDataTooBig, self._too_big),
             (SuspiciousOperation, self._suspicious),
+            (OperationalError, self._unavailable),
+            (InterfaceError, self._unavailable),
             (Exception, self._internal),
         ):
             self.add_exception_handler(exc_class, handler)  # type: ignore[arg-type]
@@ -128,6 +133,9 @@ class Api(NinjaAPI):
 
     def _suspicious(self, request: HttpRequest, exc: SuspiciousOperation) -> HttpResponse:
         return self.error(request, 400, f"bad request: {exc}")
+
+    def _unavailable(self, request: HttpRequest, exc: DatabaseError) -> HttpResponse:
+        return unavailable(request, exc)
 
     def _internal(self, request: HttpRequest, exc: Exception) -> HttpResponse:
         log.exception("API error on %s %s", request.method, request.path, exc_info=exc)

@@ -478,7 +478,14 @@ def list_runs(
 )
 def start_run(request: HttpRequest, body: s.CreateRun) -> Status[dict[str, Any]]:
     try:
-        run = services.start_run(body.agent, body.input, user=request.user, labels=body.labels)
+        run = services.start_run(
+            body.agent,
+            body.input,
+            user=request.user,
+            labels=body.labels,
+            # Started inside a traced request (W3C Trace Context): the run joins its trace.
+            trace_parent=request.headers.get("traceparent", ""),
+        )
     except run_labels.InvalidLabels as exc:
         raise ApiError(400, str(exc), field="labels") from None
     except InvalidInput as exc:

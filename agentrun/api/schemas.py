@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_mod
 from agentrun.engine import inflight
 from agentrun.engine.versions import VERSION_MAX_LENGTH, VERSION_PATTERN
 from agentrun.lifecycle import labels as run_labels
-from agentrun.lifecycle.services import FORK_MODES, PIN_REASON_MAX
+from agentrun.lifecycle.services import FORK_MODES, PIN_REASON_MAX, REASON_MAX_LENGTH
 from agentrun.models import (
     ReplayMode,
     Run,
@@ -52,6 +52,8 @@ STORABLE_JSON = (
 )
 #: Text the database can store (agentrun.security.storable checks every request before this does).
 Text = Annotated[str, StringConstraints(pattern=TEXT_PATTERN)]
+#: A reason or comment for the audit trail: as long as the forms allow, no longer.
+AuditText = Annotated[Text, StringConstraints(max_length=REASON_MAX_LENGTH)]
 At = Literal["pre", "post"]
 #: A code version (a release tag, a commit): what agentrun.engine.versions accepts.
 Version = Annotated[
@@ -125,7 +127,7 @@ class CreateRun(Request):
 class Reason(Request):
     model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "wrong customer"}]})
 
-    reason: Text = Field("", description="Why; recorded in the audit trail.")
+    reason: AuditText = Field("", description="Why; recorded in the audit trail.")
 
 
 class Approve(Request):
@@ -136,7 +138,7 @@ class Approve(Request):
     decision: Literal["approve", "reject"] = Field(
         description="Approve the call, or reject it (the run fails)."
     )
-    comment: Text = Field("", description="Why; recorded in the audit trail.")
+    comment: AuditText = Field("", description="Why; recorded in the audit trail.")
     resolution: Literal["retry", "mark_done"] | None = Field(
         None,
         description="For a call left in doubt: invoke it again, or record it as done.",
@@ -172,7 +174,7 @@ class Fork(Request):
         "recorded: the parent's decisions and results are reused until the state diverges, "
         "then sandbox. live: everything runs for real with the fork's own idempotency keys.",
     )
-    reason: Text = Field("", description="Why; recorded in the audit trail.")
+    reason: AuditText = Field("", description="Why; recorded in the audit trail.")
     confirm_live: bool = Field(
         False,
         description="Required for a live fork when the parent made write/hybrid calls after "
@@ -669,9 +671,7 @@ class CreateBatch(Request):
     name: Annotated[Text, StringConstraints(min_length=1, max_length=200)] = Field(
         description="What the batch repairs, e.g. the incident; recorded in the audit trail."
     )
-    reason: Annotated[Text, StringConstraints(max_length=2000)] = Field(
-        "", description="Why; recorded in the audit trail."
-    )
+    reason: AuditText = Field("", description="Why; recorded in the audit trail.")
     max_in_flight: int | None = Field(
         None,
         ge=1,
@@ -690,9 +690,7 @@ class PromoteBatch(Request):
     name: Annotated[Text, StringConstraints(min_length=1, max_length=200)] | None = Field(
         None, description="The live batch's name (default: this one's, marked live)."
     )
-    reason: Annotated[Text, StringConstraints(max_length=2000)] = Field(
-        "", description="Why; recorded in the audit trail."
-    )
+    reason: AuditText = Field("", description="Why; recorded in the audit trail.")
     version: Version | None = Field(
         None, description="The code version to run on (default: this batch's)."
     )

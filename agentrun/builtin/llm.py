@@ -395,6 +395,13 @@ def _short(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _clean_cut(text: str, secret: str | None, limit: int) -> str:
+    """The provider's text with the key and other secrets taken out, then cut to `limit`:
+    in that order, since a key cut in two is no longer one that scrubbing can find."""
+    cleaned: str = _clean(text, secret)
+    return cleaned[:limit]
+
+
 def _body_message(body: Any, text: str) -> str:
     """The human part of a provider error body ({"error": {"message": ...}} or text)."""
     if isinstance(body, dict):
@@ -537,13 +544,13 @@ class LLMAgent(StateAgent):
         except ValueError:
             raise AgentError(
                 f"the LLM provider's response is not JSON ({where['base_url']}, {model})",
-                detail=_clean({**where, "body": body_text[:_BODY_LIMIT]}, key),
+                detail={**_clean(where, key), "body": _clean_cut(body_text, key, _BODY_LIMIT)},
             ) from None
         if not isinstance(response, dict):
             raise AgentError(
                 f"the LLM provider's response is a JSON {_json_type(response)}, not an object"
                 f" ({where['base_url']}, {model})",
-                detail=_clean({**where, "body": body_text[:_BODY_LIMIT]}, key),
+                detail={**_clean(where, key), "body": _clean_cut(body_text, key, _BODY_LIMIT)},
             )
         # The response is redacted here, not only with the whole decision in the engine:
         # the decision's words quote the model's arguments cut short ("call echo
@@ -737,13 +744,15 @@ def _provider_error(
         except Exception:  # noqa: BLE001 -- a body we can't read is not worth another error
             text = ""
         transient = _is_transient_status(status)
-        detail.update(status=status, body=text[:_BODY_LIMIT], request_id=exc.request_id)
+        detail.update(
+            status=status, body=_clean_cut(text, key, _BODY_LIMIT), request_id=exc.request_id
+        )
         retry_after = exc.response.headers.get("retry-after")
         if retry_after:
             detail["retry_after"] = retry_after
         if transient:
             wait = retry_after_seconds(exc.response.headers)
-        said = _short(_body_message(exc.body, text), 300)
+        said = _short(_clean(_body_message(exc.body, text), key), 300)
         message = f"LLM provider error: HTTP {status} from {base} ({model})" + (
             f": {said}" if said else ""
         )

@@ -17,8 +17,8 @@ writes and the one watchdog per process that renews the leases of waiting steps)
 and `cache` (the latest state of each run this process works on); wake-ups go through
 `agentrun.infra.queue`.
 No transaction is held open across a policy or tool call, and no database
-connection either: a waiting step lends it, and it goes back to the process's pool
-after 10 ms or to another thread that needs one (agentrun/infra/postgresql/base.py).
+connection either: a waiting step hands it back to its process's pool
+(`release_connection`).
 """
 
 from agentrun.engine.cache import remember_state

@@ -110,6 +110,7 @@ def fail_step(ctx: Claimed, failure: dict[str, Any]) -> Outcome:
     except Exception as exc:
         failure = {**failure, "fail_error": escape_text(f"{type(exc).__name__}: {exc}"[:2000])}
         post_state = ctx.pre_state
+    ctx.failure = failure
     outcome = _write_post(ctx, post_state, StepStatus.FAILED, RunStatus.FAILED, failure=failure)
     if outcome.status == "failed":
         # The worker's log says why, not only that the task ended (its message is the

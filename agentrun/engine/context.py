@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from agentrun.agents import Agent, Call, CallResult, StepContext
+from agentrun.agents import Agent, Call, CallResult, Decision, StepContext
 from agentrun.models import (
     Run,
     RunStatus,
@@ -59,6 +59,13 @@ class Claimed:
     chain_until: float = 0.0
     read_hits: dict[int, Any] = field(default_factory=dict)  # read cache, by call index
     next: Claimed | None = None  # the next step, claimed by this one's commit
+    # For telemetry: the decision this attempt acted on, its calls (each with its call id
+    # and the attempts it had before this step attempt), when its model was asked (wall
+    # clock, ns) and the failure it ended with.
+    decision: Decision | None = None
+    acted: list[tuple[ToolCall, str | None, int]] = field(default_factory=list)
+    llm_window: tuple[int, int] | None = None
+    failure: dict[str, Any] | None = None
 
     @property
     def sctx(self) -> StepContext:
@@ -87,18 +94,12 @@ def release_connection() -> None:
 
     With a pool (PostgreSQL, DB_POOL_MAX_SIZE > 0) a step does this before every call to
     a model or a tool, and takes a connection again for its next write, so connections
-    per process stay at the pool's size however many steps are in flight. The
-    connection is lent (agentrun/infra/postgresql/base.py): the step's next write takes it
-    back untouched if it is still there, another thread that needs one takes it, and
-    after 10 ms it goes back to the pool. Without a pool (SQLite), or inside a
-    transaction, the connection stays.
+    per process stay at the pool's size however many steps are in flight. Without a
+    pool (SQLite), or inside a transaction, the connection stays.
     """
     conn = connections[DEFAULT_DB_ALIAS]  # (not the proxy, django.db.connection: a hot path)
-    lend = getattr(conn, "lend", None)
-    if lend is not None:
-        lend()
-    elif getattr(conn, "pool", None) is not None and not conn.in_atomic_block:
-        conn.close()  # (Django's own backend, configured by hand)
+    if getattr(conn, "pool", None) is not None and not conn.in_atomic_block:
+        conn.close()
 
 
 def mark_saved(obj: Any, pk: Any) -> None:

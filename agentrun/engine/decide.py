@@ -35,6 +35,7 @@ from agentrun.models import (
 from agentrun.security import storable
 from agentrun.security.redact import redact
 from agentrun.store import delta, rawsql
+from agentrun.telemetry import llm_called
 from agentrun.tools import RetryPolicy, get_tool
 
 # A policy whose provider answered "try later" (429, 5xx, timeout) is asked again after this.
@@ -57,6 +58,7 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
         if replayed is not None:
             return replayed
     started = time.perf_counter()
+    started_ns = time.time_ns()
     try:
         # A model may take seconds to answer: the step holds no database connection
         # meanwhile, and the process's one watchdog keeps its lease.
@@ -91,6 +93,7 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
             },
         )
     latency = (time.perf_counter() - started) * 1000
+    llm_called(ctx, started_ns, time.time_ns())
     # Escaped once, here: text the database can't hold, kept as the model sent it.
     stored = storable.escape_redacted(as_dict)
     llm = decision.llm or {}

@@ -17,6 +17,7 @@ from agentrun.engine.context import Claimed, LeaseLost, Outcome
 from agentrun.engine.decide import calls_of, decide_step
 from agentrun.engine.lease import new_lease_owner
 from agentrun.engine.waits import note_crash, park_crashed, park_unknown_agent
+from agentrun.telemetry import step_crashed, step_ended
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,13 @@ def execute_step(
                 outcome = _run_claimed(ctx)
         except LeaseLost as exc:
             log.warning("step %s of %s: lease lost (%s)", ctx.step.number, run_id, exc)
+            step_ended(ctx, "lost", str(exc))
             return Outcome("lost", str(run_id), ctx.step.number, str(exc))
         except Exception as exc:
             note_crash(ctx, exc)
+            step_crashed(ctx, exc)
             raise
+        step_ended(ctx, outcome.status, outcome.detail)
         if observe is not None:
             observe(outcome)
         if ctx.next is None:
@@ -70,6 +74,10 @@ def _run_claimed(ctx: Claimed) -> Outcome:
     if isinstance(decision, Outcome):
         return decision
     calls = calls_of(ctx, decision)
+    ctx.decision = decision
+    ctx.acted = [
+        (tc, call.call_id, len(tc.attempts)) for call, tc in zip(decision.calls, calls, strict=True)
+    ]
     results: list[CallResult] = []
     for call, tc in zip(decision.calls, calls, strict=True):
         outcome = act_on_call(ctx, call, tc)

@@ -35,6 +35,7 @@ from django.db import DatabaseError, connection, models, transaction
 from django.db.models import ExpressionWrapper, F
 from django.utils import timezone
 
+from agentrun.lifecycle import labels as run_labels
 from agentrun.models import (
     CompressedJSONField,
     Event,
@@ -46,6 +47,7 @@ from agentrun.models import (
     Step,
     ToolCall,
 )
+from agentrun.security import storable
 from agentrun.state import SCHEMA_VERSION
 from agentrun.store import delta, hashing, snapshots
 from agentrun.store.codec import inflate_many
@@ -449,6 +451,28 @@ def spool(source: IO[bytes], target: IO[bytes]) -> int:
     return total
 
 
+#: Levels a record adds around a state (a snapshot's data, a delta's op and its path).
+RECORD_ROOM = 4
+
+
+def _parse(number: int, raw: bytes) -> Any:
+    """A line's record, read by the one JSON policy (agentrun.security.storable): its
+    numbers, its text, and its depth: at most a whole state's and RECORD_ROOM more. A
+    line no export could have written is refused here, naming it, before any of it is
+    hashed, patched or stored."""
+    try:
+        record = storable.loads(raw)
+    except RecursionError:
+        raise ArchiveError(f"line {number}: nests too deeply to be read") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ArchiveError(f"line {number}: not JSON ({exc})") from None
+    depth = storable.max_depth(state=True) + RECORD_ROOM
+    problem = storable.problem(record, depth=depth, text=True)
+    if problem:
+        raise ArchiveError(f"line {number}: {problem}")
+    return record
+
+
 def _records(stream: IO[bytes], sha: Any = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) up to the trailer, whose line count and digest are checked."""
     digest = hashlib.sha256()
@@ -456,10 +480,7 @@ def _records(stream: IO[bytes], sha: Any = None) -> Iterator[tuple[int, dict[str
     for number, raw in read_lines(stream, sha):
         if ended:
             raise ArchiveError(f"line {number}: the archive goes on after its end line")
-        try:
-            record = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ArchiveError(f"line {number}: not JSON ({exc})") from None
+        record = _parse(number, raw)
         if not isinstance(record, dict) or not isinstance(record.get("type"), str):
             raise ArchiveError(f"line {number}: a record must be a JSON object with a type")
         if record["type"] == "end":
@@ -480,9 +501,17 @@ def _records(stream: IO[bytes], sha: Any = None) -> Iterator[tuple[int, dict[str
 
 _REQUIRED = object()
 #: Fields added after the format's first version: an archive from before them imports
-#: with their defaults (no code version, no cached tokens or cost recorded).
+#: with their defaults (no code version, no cached tokens or cost recorded, no trace of a
+#: request that started it).
 _ADDED_LATER = frozenset(
-    {"created_version", "target_version", "code_version", "tokens_cached", "cost_usd"}
+    {
+        "created_version",
+        "target_version",
+        "code_version",
+        "tokens_cached",
+        "cost_usd",
+        "trace_parent",
+    }
 )
 
 
@@ -673,6 +702,46 @@ def _check_manifest(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+def _check_labels(record: dict[str, Any], where: str) -> None:
+    """A run record's labels, by the rules of a run's start (agentrun.lifecycle.labels);
+    `forked-from` only on a fork, naming its parent, as agentrun sets it."""
+    labels = record.get("labels", {})
+    if not isinstance(labels, dict):
+        raise ArchiveError(f"{where}: labels must map keys to values (text)")
+    own = dict(labels)
+    forked_from = own.pop(run_labels.FORKED_FROM, None)
+    parent = record.get("parent")
+    if forked_from is not None and not (isinstance(parent, str) and forked_from == parent[:8]):
+        raise ArchiveError(
+            f"{where}: label {run_labels.FORKED_FROM!r} is reserved: agentrun sets it on a "
+            "fork, to its parent's short id"
+        )
+    try:
+        run_labels.check(own)
+    except run_labels.InvalidLabels as exc:
+        raise ArchiveError(f"{where}: {exc}") from None
+
+
+def _ops_problem(ops: Any) -> str | None:
+    """Why a delta's ops could build a state deeper than a state may be, or None: each op's
+    path and the depth of what it puts there stay within the limit."""
+    if not isinstance(ops, list):
+        return None  # (the delta's own checks say what is wrong with it)
+    limit = storable.max_depth(state=True)
+    for i, op in enumerate(ops):
+        if not (isinstance(op, list) and len(op) >= 2 and isinstance(op[1], list)):
+            continue
+        room = limit - len(op[1])
+        if room < 0:
+            return f"op {i}'s path is {len(op[1])} levels deep; a state nests at most {limit}"
+        values = op[2:3] if op[0] == "set" else op[4:5] if op[0] == "splice" else []
+        for value in values:
+            problem = storable.shape_problem(value, depth=room + (op[0] == "splice"))
+            if problem:
+                return f"op {i} would nest the state deeper than {limit} levels"
+    return None
+
+
 class _Checker:
     """Pass one: every record checked, every snapshot's state rebuilt and hashed."""
 
@@ -733,12 +802,11 @@ class _Checker:
             seq = _source_seq(source, where)
             if (parent, seq) not in self.sources:
                 raise ArchiveError(f"{where}: its fork source is not in its parent's snapshots")
-        labels = record.get("labels", {})
-        if not isinstance(labels, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 63 and len(v) <= 200
-            for k, v in labels.items()
-        ):
-            raise ArchiveError(f"{where}: labels must map keys to values (text)")
+        _check_labels(record, where)
+        # A run's input, as start_run takes it: what an export wrote passed that door.
+        problem = storable.problem(record.get("input"), text=True, what="input")
+        if problem:
+            raise ArchiveError(f"{where}: {problem}")
         run.record = record
         self.current = run
         for other in self.manifest["runs"]:
@@ -773,6 +841,14 @@ class _Checker:
             self.sources[key] = (state, node)
 
     def _state(self, run: _RunCheck, snap: Snapshot, where: str) -> tuple[Any, hashing.Node]:
+        if snap.kind != SnapshotKind.FULL:
+            problem = _ops_problem(snap.data)
+            if problem:
+                raise ArchiveError(f"{where}: {problem}")
+        else:
+            problem = storable.problem(snap.data, depth=storable.max_depth(state=True))
+            if problem:
+                raise ArchiveError(f"{where}: the keyframe's state: {problem}")
         if snap.kind == SnapshotKind.FULL:
             if not isinstance(snap.data, dict):
                 raise ArchiveError(f"{where}: a keyframe's data must be a JSON object")

@@ -51,7 +51,7 @@ from agentrun.security import storable
 
 MODES = services.FORK_MODES
 NAME_MAX_LENGTH = 200
-REASON_MAX_LENGTH = 2000
+REASON_MAX_LENGTH = services.REASON_MAX_LENGTH
 SIDE_EFFECT_KINDS = ("write", "hybrid")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time
 from typing import Any
 from uuid import UUID
 
@@ -206,6 +206,10 @@ def _moment(value: Any, name: str, *, end: bool) -> datetime | None:
             f"{name} must be a date (2026-11-29) or a date and time (2026-11-29T08:00:00Z)",
             name,
         ) from None
-    if timezone.is_naive(moment):
-        moment = timezone.make_aware(moment, timezone.get_current_timezone())
-    return moment
+    try:
+        if timezone.is_naive(moment):
+            moment = timezone.make_aware(moment, timezone.get_current_timezone())
+        # In UTC: an offset such as -16:38 is valid ISO 8601, but beyond what PostgreSQL reads.
+        return moment.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise SelectionError(f"{name} is out of the range of dates", name) from None

@@ -33,10 +33,30 @@ from agentrun.models import (
 from agentrun.security import storable
 from agentrun.security.redact import redact
 from agentrun.store import callsearch, compaction
+from agentrun.telemetry import tracing
+
+#: The longest reason or comment an operator may write (cancel, retry, approve, fork, pin,
+#: batches), through the API, the forms and the commands alike: it goes into the audit
+#: trail, which keeps it forever and shows it on every audit page.
+REASON_MAX_LENGTH = 2000
 
 
 class ActionError(ValueError):
     """The action doesn't apply to the run as it is (e.g. approving a finished run)."""
+
+
+def _reason_problem(text: Any, name: str = "reason") -> str | None:
+    if not isinstance(text, str):
+        return f"{name} must be a string"
+    if len(text) > REASON_MAX_LENGTH:
+        return f"{name} is {len(text)} characters; at most {REASON_MAX_LENGTH}"
+    return None
+
+
+def _check_reason(text: Any, name: str = "reason") -> None:
+    problem = _reason_problem(text, name)
+    if problem:
+        raise ActionError(problem)
 
 
 def refuse_if_imported(run: Run) -> None:
@@ -48,11 +68,14 @@ def refuse_if_imported(run: Run) -> None:
         )
 
 
-def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = None) -> Run:
+def start_run(
+    agent_name: Any, input: Any, *, user: Any = None, labels: Any = None, trace_parent: str = ""
+) -> Run:
     """Validate and create a queued run, then wake a worker for its first step.
 
     `labels` ({"key": "value"}, see agentrun.lifecycle.labels) are checked first: bad ones raise
-    InvalidLabels (an InvalidInput) and nothing is stored.
+    InvalidLabels (an InvalidInput) and nothing is stored. `trace_parent`: the W3C
+    traceparent of a traced request that starts it (its trace becomes the run's).
     """
     labels = run_labels.check(labels)
     if not isinstance(agent_name, str) or not agent_name:
@@ -80,6 +103,7 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = No
             created_version=code_version(),
             input=stored,
             created_by=user,
+            trace_parent=tracing.parse_traceparent(trace_parent),
         )
         run_labels.store(run, labels)
         snap, node = snapshots.build(run.pk, run.next_step, "pre", state, None, None)
@@ -93,6 +117,7 @@ def start_run(agent_name: Any, input: Any, *, user: Any = None, labels: Any = No
 def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
     """Cancel an active run: its calls not yet started end as cancelled, its successful
     hybrid calls are compensated."""
+    _check_reason(reason)
     refuse_if_imported(run)
     now = timezone.now()
     with transaction.atomic():
@@ -130,6 +155,7 @@ def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
 def retry_crashed_step(run: Run, *, user: Any, reason: str = "") -> Run:
     """An operator tries again a step that kept crashing (or whose agent a worker didn't
     know): its crash count starts over, its crash log stays."""
+    _check_reason(reason)
     refuse_if_imported(run)
     now = timezone.now()
     with transaction.atomic():
@@ -156,6 +182,7 @@ def decide_approval(
     """
     if decision not in ("approve", "reject"):
         raise ActionError('decision must be "approve" or "reject"')
+    _check_reason(comment, "comment")
     if resolution not in (None, "retry", "mark_done"):
         raise ActionError('resolution must be "retry" or "mark_done"')
     run.refresh_from_db()
@@ -309,8 +336,9 @@ def fork_run(
         raise ForkError(f"run has no {at} snapshot of step {step}", "step")
     if mode not in FORK_MODES:
         raise ForkError(f"mode must be one of {', '.join(FORK_MODES)}", "mode")
-    if not isinstance(reason, str):
-        raise ForkError("reason must be a string", "reason")
+    problem = _reason_problem(reason)
+    if problem:
+        raise ForkError(problem, "reason")
     if version is not None:
         try:
             check_version(version)
@@ -404,7 +432,7 @@ def _purged(run: Run) -> str:
 
 #: What a pin's reason may not be only made of (the API's pattern says the same).
 BLANK = " \t\n\r\f\v"
-PIN_REASON_MAX = 2000
+PIN_REASON_MAX = REASON_MAX_LENGTH
 
 
 class PinError(ValueError):

@@ -272,15 +272,21 @@ def _integer(text: str) -> int:
 
 
 def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed")
+    raise ValueError(f"{name} is not allowed in JSON")
+
+
+def loads(raw: str | bytes) -> Any:
+    """JSON text's value, by the policy's number rules: no NaN or Infinity, no number
+    out of a float's range (1e999), no integer of more than 100 digits. Raises
+    json.JSONDecodeError (which says where), ValueError or RecursionError; parse_json
+    is the door that also checks depth and text."""
+    return json.loads(raw, parse_float=_finite, parse_int=_integer, parse_constant=_no_constants)
 
 
 def parse_json(raw: str | bytes) -> Any:
     """Strict JSON: no NaN/Infinity, nothing the database would refuse. Raises ValueError."""
     try:
-        value = json.loads(
-            raw, parse_float=_finite, parse_int=_integer, parse_constant=_no_constants
-        )
+        value = loads(raw)
     except RecursionError:
         raise ValueError("not valid JSON: nested too deeply") from None
     except ValueError as exc:  # also UnicodeDecodeError, and what the hooks above raise

@@ -8,11 +8,14 @@ from datetime import timedelta
 from typing import Any
 
 from django import template
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
+from agentrun.telemetry import tracing
 from debugger.formats import human, ms, usd
-from debugger.jsontree import human_bytes, mark_escapes, run_input_tree
+from debugger.jsontree import human_bytes, input_inline, mark_escapes, run_input_tree
 
 register = template.Library()
 register.filter(ms)
@@ -20,6 +23,18 @@ register.filter(human)
 register.filter(usd)
 
 JSON_LIMIT = 100_000
+
+
+@register.filter
+def trace_id(run: Any) -> str:
+    """The run's trace id (32 hex digits)."""
+    return tracing.trace_id_of(run)
+
+
+@register.filter
+def trace_url(run: Any) -> str:
+    """The run's trace in the operator's tracing UI (AGENTRUN_TRACE_URL), or ""."""
+    return tracing.trace_url(run)
 
 
 @register.filter
@@ -182,7 +197,32 @@ def run_input(context: Any, run: Any) -> str:
     match = getattr(context.get("request"), "resolver_match", None)
     if getattr(match, "url_name", "") == "run-live":
         return ""
-    return run_input_tree(run)
+    inline, size = input_inline(run)
+    if inline:
+        return format_html('<div class="input-body" hx-disable>{}</div>', run_input_tree(run))
+    # A long input: fetched when the panel is opened (the link works without htmx too).
+    url = reverse("debugger:run-input", args=[run.pk])
+    items = _items(run.input)
+    return format_html(
+        '<div class="input-body input-lazy" id="run-input-tree" hx-get="{}" '
+        'hx-trigger="toggle once from:closest details" hx-target="this" hx-swap="outerHTML">'
+        '<a href="{}">Show the input</a> <span class="sub">({}{}, loaded when opened)</span></div>',
+        url,
+        url,
+        human_bytes(size) if size is not None else "deeply nested",
+        items,
+    )
+
+
+def _items(value: Any) -> str:
+    """How many items the input's largest list or object holds, as words (", 10,000 steps")."""
+    if not isinstance(value, dict):
+        return f", {len(value):,} items" if isinstance(value, list) else ""
+    sizes = [(len(v), k) for k, v in value.items() if isinstance(v, list | dict)]
+    if not sizes:
+        return ""
+    n, key = max(sizes)
+    return f", {n:,} {key}"
 
 
 # --- timestamps: one format on every page, the full time on hover, the browser's zone ---
@@ -220,8 +260,6 @@ def when(value: Any, style: str = "full") -> str:
     """A <time> element: `Nov 29, 01:25:08` (or `01:25:08.165` for "ms") in the server's
     zone, the full time in its title; static/debugger/localtime.js rewrites both in the
     browser's time zone. A datetime or an ISO 8601 text; "–" for none."""
-    from django.utils.html import format_html
-
     moment = _moment(value)
     if moment is None:
         return "–"

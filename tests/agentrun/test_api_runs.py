@@ -218,3 +218,25 @@ def test_the_openapi_document_lists_every_tool_call_status():
 
     schema = document()["components"]["schemas"]["ToolCall"]["properties"]["status"]
     assert set(schema["enum"]) == set(ToolCallStatus.values)
+
+
+@pytest.mark.parametrize(
+    "since, answer",
+    [
+        # Valid ISO 8601 offsets beyond PostgreSQL's ±15:59, read in UTC.
+        ("2026-01-01T00:00:00-16:38", 200),
+        ("3639-03-16T18:48:47.6-16:38", 200),
+        ("2026-01-01T00:00:00+23:59", 200),
+        # A time that is no date once in UTC: a named error, no query.
+        ("9999-12-31T23:59:59-23:59", 400),
+        ("0001-01-01T00:00:00+23:59", 400),
+    ],
+)
+def test_the_run_list_reads_any_offset_a_time_may_carry(client, since, answer):
+    make_run(script(final("x")))
+    response = client.get("/api/runs", {"since": since})
+    assert response.status_code == answer, response.content
+    if answer == 400:
+        assert "since" in response.json()["detail"]
+    else:
+        assert response.json()["count"] == (1 if since.startswith("2026") else 0)

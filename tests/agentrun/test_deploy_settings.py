@@ -119,3 +119,30 @@ def test_https_trusts_the_proxys_header_and_each_setting_can_be_overridden():
     assert overridden["SECURE_HSTS_PRELOAD"] is False
     assert overridden["SECURE_PROXY_SSL_HEADER"] is None
     assert overridden["SECURE_SSL_REDIRECT"] is overridden["CSRF_COOKIE_SECURE"] is True
+
+
+def test_check_deploy_fails_without_a_secret_key_of_its_own():
+    env = documented_production_environment()
+    del env["SECRET_KEY"]
+
+    result = manage(env, "check", "--deploy")
+
+    assert result.returncode == 1
+    assert "(agentrun.E001) SECRET_KEY is not set" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_check_deploy_fails_with_the_embedded_default_key_set_by_hand():
+    env = documented_production_environment()
+    env["SECRET_KEY"] = "embedded-insecure-key-set-SECRET_KEY-in-production"
+
+    result = manage(env, "check", "--deploy")
+
+    assert result.returncode == 1
+    assert "agentrun.E001" in result.stderr
+
+
+def test_plain_check_keeps_the_embedded_mode_working_without_a_key():
+    result = manage({}, "check")
+
+    assert result.returncode == 0, result.stderr

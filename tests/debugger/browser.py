@@ -39,7 +39,7 @@ SCREENSHOTS = Path(__file__).resolve().parent.parent / "screenshots"
 ALLOWED_PATHS = re.compile(
     r"^/(?:$|login/|logout/|diff/|now/$|audit/(?:export\.csv)?$|static/.+"
     r"|batches/(?:$|new/$|[0-9a-f-]{36}/(?:$|cancel/|promote/))"
-    r"|runs/[0-9a-f-]{36}/(?:$|live/|cancel/|approval/|compare/|pin/|unpin/|watch/|export/"
+    r"|runs/[0-9a-f-]{36}/(?:$|live/|cancel/|approval/|compare/|pin/|unpin/|watch/|export/|input/"
     r"|steps/\d+/(?:$|diff/|request/|pre/(?:fork/(?:check/)?)?$|post/(?:fork/(?:check/)?)?$|pre\.json|post\.json)))"
 )
 

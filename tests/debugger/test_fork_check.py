@@ -122,6 +122,23 @@ def test_text_that_is_not_json_says_where(client_for, parent):
         assert response.status_code == 200 and valid(response) == "false", bad
 
 
+@pytest.mark.parametrize(
+    ("number", "message"),
+    [
+        ("1e999", "Invalid JSON: number out of range: 1e999."),
+        ("-1e999", "Invalid JSON: number out of range: -1e999."),
+        ("9" * 4000, "Invalid JSON: integer too long (4000 digits)."),
+    ],
+)
+def test_numbers_the_policy_refuses_are_named_not_a_crash(client_for, parent, number, message):
+    state = json.dumps(state_of(parent), indent=2)
+    text = state.replace('"iteration": 2', f'"iteration": {number}', 1)
+    assert text != state
+    response = check(client_for("operator"), parent, text)
+    assert response.status_code == 200 and valid(response) == "false"
+    assert message in text_of(response)
+
+
 def test_a_missing_state_field_is_an_error_not_a_crash(client_for, parent):
     response = client_for("operator").post(check_url(parent), {}, **hx("fork-state"))
     assert response.status_code == 200

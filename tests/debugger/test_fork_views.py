@@ -213,6 +213,8 @@ def _notes_as_list(state):
     [
         ("json", "state", "Invalid JSON at line 3, column 3: Expecting &#x27;,&#x27; delimiter."),
         ("nan", "state", "Invalid JSON: NaN is not allowed in JSON."),
+        ("huge", "state", "Invalid JSON: number out of range: 1e999."),
+        ("long", "state", "Invalid JSON: integer too long (4000 digits)."),
         ("phase", "state", "state: phase: unknown phase &#x27;bogus&#x27;"),
         ("notes", "state", "state: memory.notes must be an object, got array"),
         ("mode", "mode", "Choose sandbox, recorded or live (not turbo)."),
@@ -229,6 +231,10 @@ def test_bad_input_is_shown_inline_and_creates_nothing(client_for, parent, case,
         text = '{\n  "phase": "planning"\n  "memory": {}\n}'
     elif case == "nan":
         text = '{"iteration": NaN}'
+    elif case == "huge":
+        text = '{"iteration": 1e999}'
+    elif case == "long":
+        text = '{"iteration": ' + "7" * 4000 + "}"
     elif case == "phase":
         text = _bogus_phase(state)
     elif case == "notes":

@@ -1,1 +1,1 @@
-"""Django's PostgreSQL backend with a lender: a step lends its pooled connection between writes."""
+"""Django's PostgreSQL backend, whose pool hands out only connections that work."""

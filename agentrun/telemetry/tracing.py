@@ -1,0 +1,409 @@
+"""OpenTelemetry traces: a run is a trace, following the GenAI semantic conventions.
+
+Configured by the standard variables (`OTEL_EXPORTER_OTLP_ENDPOINT` or
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_SERVICE_NAME`,
+`OTEL_TRACES_SAMPLER`, `OTEL_BSP_*`...); with no endpoint (or `OTEL_TRACES_EXPORTER=none`)
+there is no tracer and a step pays one check.
+
+The trace id is the run's id (a UUID is 128 bits, as a trace id is), and the span ids of a
+run's root span and of each step attempt are derived from the run id, step and attempt: every
+worker that executes a step of the run puts its spans in the same tree, with nothing shared
+but the run id, and a fork's root span links to the span of the step it was forked from.
+
+- `invoke_agent {agent}`: the root, emitted when the run ends (start: the run's start);
+- `step {n}`: each step attempt, marked with its outcome (committed, finished, failed,
+  backoff, waiting, lost, crashed), with the run id, step number and the step's debugger URL;
+- `chat {model}`: the step's model request, with `gen_ai.*` usage attributes;
+- `execute_tool {tool}`: each tool call the attempt ran, retries as span events.
+
+Spans are emitted when the attempt ends, from what it wrote: arguments, results and
+messages are not exported unless `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT` is
+true, and then as stored (redacted), cut to AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import TraceFlags as Flags
+
+log = logging.getLogger(__name__)
+
+_LOCK = threading.Lock()
+_STATE: dict[str, Any] = {}  # "provider", "tracer" once configured (None: tracing is off)
+_FIXED = threading.local()  # the ids the next span of this thread takes
+
+
+class _Ids(RandomIdGenerator):
+    """Random ids, except where a span's own are derived from its run (`_fixed`)."""
+
+    def generate_span_id(self) -> int:
+        fixed = getattr(_FIXED, "span_id", 0)
+        if fixed:
+            _FIXED.span_id = 0
+            return fixed
+        return super().generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        fixed = getattr(_FIXED, "trace_id", 0)
+        if fixed:
+            _FIXED.trace_id = 0
+            return fixed
+        return super().generate_trace_id()
+
+    def is_trace_id_random(self) -> bool:
+        return False  # a run's id is random, but we can't promise W3C's random flag for it
+
+
+def enabled() -> bool:
+    """Whether traces are exported (OTEL_* variables), read once per process."""
+    return tracer() is not None
+
+
+def tracer() -> trace.Tracer | None:
+    if "tracer" not in _STATE:
+        with _LOCK:
+            if "tracer" not in _STATE:
+                _STATE["tracer"] = _configure()
+    return _STATE["tracer"]
+
+
+def _configure() -> trace.Tracer | None:
+    kind = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if kind == "none" or (not endpoint and kind not in ("otlp", "console")):
+        return None
+    if kind == "console":
+        exporter: Any = ConsoleSpanExporter()
+    else:
+        # OTLP over HTTP (protobuf): the exporter reads its endpoint, headers, timeout and
+        # compression from the OTEL_EXPORTER_OTLP_* variables itself.
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "agentrun"}
+    # The sampler comes from OTEL_TRACES_SAMPLER(_ARG); the batch's sizes from OTEL_BSP_*.
+    provider = TracerProvider(resource=Resource.create(attributes), id_generator=_Ids())
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    _STATE["provider"] = provider
+    log.info("traces exported (%s)", endpoint or kind)
+    return provider.get_tracer("agentrun")
+
+
+def shutdown() -> None:
+    """Export what is buffered (a worker that stops); spans after this are dropped."""
+    provider = _STATE.get("provider")
+    if provider is not None:
+        provider.shutdown()
+
+
+def flush() -> None:
+    provider = _STATE.get("provider")
+    if provider is not None:
+        provider.force_flush()
+
+
+# --- ids ----------------------------------------------------------------------------------
+
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+def parse_traceparent(value: Any) -> str:
+    """A W3C traceparent header as stored (version 00, lower case), or "" when it is
+    missing or not one (the standard says to ignore a malformed one, not to refuse)."""
+    if not isinstance(value, str):
+        return ""
+    match = _TRACEPARENT.match(value.strip().lower())
+    if not match or set(match[1]) == {"0"} or set(match[2]) == {"0"}:
+        return ""
+    return match[0]
+
+
+def trace_id_of(run: Any) -> str:
+    """The run's trace id, as tracing UIs show it (32 hex digits): the trace of the request
+    that started it, if a traced one did, else the run's own id."""
+    return f"{_trace_int(run):032x}"
+
+
+def _trace_int(run: Any) -> int:
+    """`run`: a Run (its trace_parent counts) or a run id."""
+    parent = getattr(run, "trace_parent", "")
+    if parent:
+        return int(parent[3:35], 16)
+    run_id = getattr(run, "pk", run)
+    return int(str(run_id).replace("-", ""), 16) or 1
+
+
+def _span_int(*parts: Any) -> int:
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") or 1
+
+
+def root_span_id(run_id: Any) -> int:
+    return _span_int(run_id, "run")
+
+
+def step_span_id(run_id: Any, number: int, attempt: int) -> int:
+    return _span_int(run_id, "step", number, attempt)
+
+
+def _sampled(t: Any, trace_id: int, name: str) -> bool:
+    """The sampler's decision for a run's trace: the same in every process (by trace id)."""
+    provider = _STATE.get("provider")
+    if provider is None:
+        return False
+    return provider.sampler.should_sample(None, trace_id, name).decision.is_sampled()
+
+
+def _parent(trace_id: int, span_id: int, sampled: bool) -> Any:
+    flags = Flags(Flags.SAMPLED if sampled else Flags.DEFAULT)
+    parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
+    return trace.set_span_in_context(NonRecordingSpan(parent))
+
+
+# --- attributes ---------------------------------------------------------------------------
+
+
+def capture_content() -> bool:
+    """Whether spans carry arguments, results and the model's messages (off by default)."""
+    if "content" not in _STATE:
+        value = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
+        _STATE["content"] = value.strip().lower() in ("1", "true", "yes", "on")
+    return _STATE["content"]
+
+
+def bounded(value: Any) -> str:
+    """Text for an attribute, at most AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES (UTF-8) long: a
+    longer one is cut, and says how many bytes it had (oversized spans break exporters)."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    limit = settings.AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    note = f"… [{len(raw)} bytes]"
+    return raw[: max(limit - len(note.encode()), 0)].decode(errors="ignore") + note
+
+
+_URL: list[str] = []  # the step page's address, {run} and {n} to fill in (reversed once)
+_SAMPLE_RUN = "00000000-0000-4000-8000-000000000000"
+
+
+def step_url(run_id: Any, number: int) -> str:
+    """The step's page in the debugger (AGENTRUN_SITE_URL and the page's path)."""
+    if not _URL:
+        from django.urls import reverse
+
+        path = reverse("debugger:run-step", kwargs={"run_id": _SAMPLE_RUN, "number": 7})
+        _URL.append(path.replace(_SAMPLE_RUN, "{run}").replace("/7/", "/{n}/"))
+    return settings.AGENTRUN_SITE_URL + _URL[0].format(run=run_id, n=number)
+
+
+def trace_url(run: Any) -> str:
+    """The run's trace in the operator's tracing UI (AGENTRUN_TRACE_URL), or ""."""
+    template = settings.AGENTRUN_TRACE_URL
+    return template.replace("{trace_id}", trace_id_of(run)) if template else ""
+
+
+# --- spans --------------------------------------------------------------------------------
+
+
+def emit_step(ctx: Any, outcome: str, detail: str, start_ns: int, end_ns: int) -> None:
+    """The spans of one step attempt that just ended (and the run's root, if it ended)."""
+    t = tracer()
+    if t is None:
+        return
+    run, step = ctx.run, ctx.step
+    trace_id = _trace_int(run)
+    sampled = _sampled(t, trace_id, "invoke_agent")
+    if not sampled:
+        return
+    _FIXED.span_id = step_span_id(run.pk, step.number, step.attempts)
+    span = t.start_span(
+        f"step {step.number}",
+        context=_parent(trace_id, root_span_id(run.pk), sampled),
+        start_time=start_ns,
+        attributes={
+            "agentrun.run.id": str(run.pk),
+            "agentrun.step.number": step.number,
+            "gen_ai.agent.name": run.agent,
+            "agentrun.step.attempt": step.attempts,
+            "agentrun.step.outcome": outcome,
+            "agentrun.step.url": step_url(run.pk, step.number),
+            "agentrun.code_version": run.code_version or "",
+            "agentrun.worker": ctx.owner,
+        },
+    )
+    _FIXED.span_id = 0
+    step_ctx = trace.set_span_in_context(span)
+    if outcome in ("backoff", "waiting", "lost"):
+        span.add_event(f"agentrun.{outcome}", {"agentrun.detail": bounded(detail)}, end_ns)
+    if outcome in ("failed", "crashed"):
+        span.set_status(Status(StatusCode.ERROR, bounded(detail)[:512]))
+        span.set_attribute("error.type", _error_type(ctx, detail))
+    # The model request and tool calls are the step span's children: the run, step and
+    # agent are on it, not repeated on them (each attribute costs the SDK a check).
+    _chat_span(t, ctx, step_ctx)
+    for tc, call_id, before in ctx.acted:
+        _tool_span(t, tc, call_id, before, step_ctx)
+    span.end(end_ns)
+    if outcome in ("finished", "failed"):  # the run ended with this step
+        _root_span(t, ctx, outcome, detail, end_ns, trace_id)
+
+
+def _error_type(ctx: Any, detail: str) -> str:
+    failure = ctx.failure or {}
+    return str(failure.get("type") or detail.split(":", 1)[0] or "error")[:100]
+
+
+def _chat_span(t: Any, ctx: Any, parent: Any) -> None:
+    if ctx.llm_window is None or ctx.decision is None or not ctx.decision.llm:
+        return
+    llm = ctx.decision.llm
+    response = llm.get("response") if isinstance(llm.get("response"), dict) else {}
+    model = str(llm.get("model") or "")
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": str(llm.get("provider") or "openai"),
+        "gen_ai.request.model": model,
+        "gen_ai.usage.input_tokens": int(llm.get("tokens_in") or 0),
+        "gen_ai.usage.output_tokens": int(llm.get("tokens_out") or 0),
+    }
+    if response.get("model"):
+        attributes["gen_ai.response.model"] = str(response["model"])
+    if response.get("id"):
+        attributes["gen_ai.response.id"] = str(response["id"])[:200]
+    reasons = [
+        str(c.get("finish_reason"))
+        for c in response.get("choices") or []
+        if isinstance(c, dict) and c.get("finish_reason")
+    ]
+    if reasons:
+        attributes["gen_ai.response.finish_reasons"] = reasons
+    if llm.get("tokens_cached"):
+        attributes["gen_ai.usage.cache_read.input_tokens"] = int(llm["tokens_cached"])
+    if llm.get("cost_usd") is not None:
+        attributes["agentrun.cost_usd"] = float(llm["cost_usd"])
+    if capture_content():
+        attributes["gen_ai.output.messages"] = bounded(
+            [c.get("message") for c in response.get("choices") or [] if isinstance(c, dict)]
+        )
+    start_ns, end_ns = ctx.llm_window
+    span = t.start_span(
+        f"chat {model}", context=parent, kind=SpanKind.CLIENT, start_time=start_ns,
+        attributes=attributes,
+    )  # fmt: skip
+    span.end(end_ns)
+
+
+def _tool_span(t: Any, tc: Any, call_id: str | None, before: int, parent: Any) -> None:
+    """The call's span, if this step attempt ran it (`before`: its attempts until then)."""
+    attempts = []
+    for a in (tc.attempts or [])[before:]:
+        try:
+            attempts.append((int(datetime.fromisoformat(a["at"]).timestamp() * 1e9), a))
+        except (KeyError, TypeError, ValueError):
+            continue
+    if not attempts:
+        return
+    start_ns = attempts[0][0]
+    last_at, last = attempts[-1]
+    end_ns = last_at + int(float(last.get("duration_ms") or 0) * 1e6)
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tc.tool,
+        "gen_ai.tool.type": "function",
+        "agentrun.tool.kind": tc.kind,
+        "agentrun.tool.status": tc.status,
+        "agentrun.tool.idempotency_key": tc.idempotency_key,
+    }
+    if call_id:
+        attributes["gen_ai.tool.call.id"] = call_id
+    if capture_content():
+        attributes["gen_ai.tool.call.arguments"] = bounded(tc.args)
+        if tc.result is not None:
+            attributes["gen_ai.tool.call.result"] = bounded(tc.result)
+    span = t.start_span(f"execute_tool {tc.tool}", context=parent, start_time=start_ns,
+                        attributes=attributes)  # fmt: skip
+    for at, a in attempts:
+        if a.get("error"):
+            event = {"agentrun.error": bounded(a["error"])}
+            if a.get("backoff_s") is not None:
+                event["agentrun.backoff_s"] = float(a["backoff_s"])
+            span.add_event("agentrun.attempt_failed", event, at)
+    if tc.status in ("failed", "in_doubt"):
+        span.set_status(Status(StatusCode.ERROR, bounded(tc.error or tc.status)[:512]))
+        span.set_attribute("error.type", (tc.error or tc.status).split(":", 1)[0][:100])
+    span.end(max(end_ns, start_ns))
+
+
+def _root_span(t: Any, ctx: Any, outcome: str, detail: str, end_ns: int, trace_id: int) -> None:
+    run = ctx.run
+    started = run.started_at or run.created_at
+    start_ns = int(started.timestamp() * 1e9) if started else end_ns
+    links = []
+    if run.parent_id and run.forked_from_id:
+        links.append(_fork_link(run))
+    if run.trace_parent:  # a child of the span of the request that started the run
+        context = _parent(trace_id, int(run.trace_parent[36:52], 16), True)
+    else:  # the root of a trace of its own, whose id is the run's
+        context = trace.set_span_in_context(trace.INVALID_SPAN)
+        _FIXED.trace_id = trace_id
+    _FIXED.span_id = root_span_id(run.pk)
+    span = t.start_span(
+        f"invoke_agent {run.agent}",
+        context=context,
+        start_time=min(start_ns, end_ns),
+        links=[link for link in links if link is not None],
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": run.agent,
+            "agentrun.run.id": str(run.pk),
+            "agentrun.run.status": "failed" if outcome == "failed" else "succeeded",
+            "agentrun.run.url": step_url(run.pk, ctx.step.number).rsplit("/steps/", 1)[0] + "/",
+            "agentrun.steps": ctx.step.number + 1 - run.first_step,
+        },
+    )
+    _FIXED.trace_id = _FIXED.span_id = 0
+    if outcome == "failed":
+        span.set_status(Status(StatusCode.ERROR, bounded(detail)[:512]))
+        span.set_attribute("error.type", _error_type(ctx, detail))
+    span.end(end_ns)
+
+
+def _fork_link(run: Any) -> Link | None:
+    from agentrun.models import Run, Snapshot, Step
+
+    snap = Snapshot.objects.filter(pk=run.forked_from_id).values("run_id", "step").first()
+    parent = Run.objects.filter(pk=run.parent_id).only("id", "trace_parent").first()
+    if snap is None or parent is None:
+        return None
+    attempts = (
+        Step.objects.filter(run_id=snap["run_id"], number=snap["step"])
+        .values_list("attempts", flat=True)
+        .first()
+    )
+    if attempts is None:
+        return None
+    source = SpanContext(
+        _trace_int(parent),
+        step_span_id(snap["run_id"], snap["step"], attempts),
+        is_remote=True,
+        trace_flags=Flags(Flags.SAMPLED),
+    )
+    return Link(source, {"agentrun.link": "forked_from", "agentrun.step.number": snap["step"]})
