@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import sys
 import threading
 from collections import OrderedDict
@@ -191,6 +192,29 @@ class Agent:
         """Raise ValueError (with the path) if `state` is not a valid state."""
         if not isinstance(state, dict):
             raise ValueError("state must be a JSON object")
+
+    def summary(self, input: dict[str, Any]) -> str:
+        """What a run is about, in one line, for the run list and the run page (optional
+        hook). The default: the input's `goal`, else its first text field (`word: lease`).
+        The pages redact the input before calling it and cut the answer at 300 characters."""
+        return input_summary(input)
+
+
+SUMMARY_CHARS = 300
+
+
+def input_summary(input: Any) -> str:
+    """A run's input in one line: its `goal`, else its first text field as `key: value`
+    (else its first field). PostgreSQL keeps an input's keys in an order of its own."""
+    if not isinstance(input, dict) or not input:
+        return ""
+    goal = input.get("goal")
+    if isinstance(goal, str) and goal.strip():
+        return goal
+    texts = [(k, v) for k, v in input.items() if isinstance(v, str) and v.strip()]
+    key, value = texts[0] if texts else next(iter(input.items()))
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return f"{key}: {text[:SUMMARY_CHARS]}"
 
 
 class StateAgent(Agent):

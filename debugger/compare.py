@@ -65,6 +65,13 @@ class Comparison:
         return sum(1 for r in self.rows if r.post_same is not None)
 
     @property
+    def differs_before(self) -> bool:
+        """The states differ already before the first divergent step (an edited fork state,
+        or runs that were never the same): not something that step did."""
+        row = next((r for r in self.rows if r.number == self.first_divergence), None)
+        return row is not None and row.pre_same is False
+
+    @property
     def shared_rows(self) -> list[Aligned]:
         return [r for r in self.rows if r.shared]
 

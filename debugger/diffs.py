@@ -130,6 +130,90 @@ def _counts(changes: Iterable[Change]) -> dict[str, int]:
     return counts
 
 
+_SIGNS = {"added": "+", "removed": "−", "changed": "~"}
+_LIST_OPS = {"appended", "inserted", "dropped"}
+
+
+def _kind_of(c: Change) -> str:
+    if c.op in ("added", "appended", "inserted"):
+        return "added"
+    if c.op in ("removed", "dropped"):
+        return "removed"
+    return "changed"
+
+
+def _unit(c: Change) -> str:
+    """What one count of a change is: list items, keys of an object, or values."""
+    if c.op in _LIST_OPS or (
+        c.op in ("added", "removed") and c.path and isinstance(c.path[-1], int)
+    ):
+        return "list item"
+    if c.op in ("added", "removed"):
+        return "key"
+    return "value"
+
+
+def _container(c: Change) -> Path:
+    """Where the change happened: the list whose items came or went, the object whose key
+    did, the value that changed."""
+    return c.path if c.op in _LIST_OPS or c.op == "changed" else c.path[:-1]
+
+
+def _common(paths: list[Path]) -> Path:
+    prefix = list(paths[0]) if paths else []
+    for p in paths[1:]:
+        n = 0
+        while n < min(len(prefix), len(p)) and prefix[n] == p[n]:
+            n += 1
+        del prefix[n:]
+    return prefix
+
+
+@dataclass
+class CountChip:
+    """One count of a group, worded so it says what was counted and where:
+    "−3 list items in tool_calls[2]", not "−3 removed"."""
+
+    label: str  # added | removed | changed
+    n: int
+    unit: str  # "list item", "key", "value", or "" when several kinds are counted together
+    where: str  # the deepest path holding all of them, when deeper than the group's key
+
+    @property
+    def text(self) -> str:
+        unit = f" {self.unit}{'s' if self.n != 1 else ''}" if self.unit else f" {self.label}"
+        place = f" in {self.where}" if self.where else ""
+        return f"{_SIGNS[self.label]}{self.n:,}{unit}{place}"
+
+    @property
+    def title(self) -> str:
+        what = f"{self.unit}{'s' if self.n != 1 else ''}" if self.unit else "changes"
+        place = f" inside {self.where}" if self.where else ""
+        return f"{self.n:,} {what} {self.label}{place}"
+
+
+def count_chips(changes: Sequence[Change], depth: int = 1) -> list[CountChip]:
+    """The counts of `changes` by kind (added, removed, changed), each with its unit and the
+    place that holds them all when it is more than `depth` keys deep."""
+    chips = []
+    for label in ("added", "removed", "changed"):
+        mine = [c for c in changes if _kind_of(c) == label]
+        if not mine:
+            continue
+        n = sum(c.count for c in mine) if label != "changed" else len(mine)
+        units = {_unit(c) for c in mine}
+        where = _common([_container(c) for c in mine])
+        chips.append(
+            CountChip(
+                label,
+                n,
+                units.pop() if len(units) == 1 else "",
+                format_path(where) if len(where) > depth else "",
+            )
+        )
+    return chips
+
+
 @dataclass
 class ChangeGroup:
     """The changes under one top-level key of the state ("$": the state itself)."""
@@ -146,6 +230,10 @@ class ChangeGroup:
     @property
     def summary(self) -> str:
         return ", ".join(f"{n:,} {label}" for label, n in self.counts.items() if n)
+
+    @property
+    def chips(self) -> list[CountChip]:
+        return count_chips(self.changes, depth=0 if self.key == "$" else 1)
 
     @property
     def hidden(self) -> int:

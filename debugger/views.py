@@ -8,9 +8,10 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import BooleanField, Exists, OuterRef, QuerySet, Sum
+from django.db.models import BooleanField, Exists, OuterRef, QuerySet, Sum, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Length
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
@@ -220,14 +221,12 @@ def run_detail(request: HtmxHttpRequest, run_id: Any, number: int | None = None)
             return HttpResponse(_search_errors(found), status=400)
     elif _list_page_request(request):
         return _list_page(request, run, marks, found)
+    auto = number is None  # the page picks the step: the live refresh may pick again
     if number is None:
-        hits = found.matches() if found.active else None
-        number = timeline.opening_step(
-            run, marks if hits is None else [m for m in marks if m.number in hits]
-        )
+        number = _opening_step(run, marks, found)
     elif not any(m.number == number for m in marks):
         raise Http404("no such step")
-    context = {**_run_context(request, run, marks, found, number), "selected": number}
+    context = {**_run_context(request, run, marks, found, number), "selected": number, "auto": auto}
     if _fragment(request, "run-live"):  # the search form: the filtered strip and list
         return _live_response(request, run, context)
     if number is not None:
@@ -245,15 +244,53 @@ def run_live(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
     found = _search(request, run)
     around = request.GET.get("around", "")
     selected = int(around) if around.isascii() and around.isdigit() and len(around) < 10 else None
-    context = _run_context(request, run, marks, found, selected)
-    return _live_response(request, run, context)
-
-
-def _live_response(request: HttpRequest, run: Run, context: dict[str, Any]) -> HttpResponse:
-    body = render_to_string("debugger/run_detail.html#live", context, request=request)
-    body += render_to_string(
-        "debugger/run_detail.html#steplist", {**context, "oob": True}, request=request
+    # The page's script says when the step shown is the page's own pick, or none (`open`,
+    # `shown`), and when the search form is missing (`form=0`: drawn before the run had a
+    # step). Then the refresh does what a fresh load would: opens a step once there is one,
+    # the opening step again once the run has finished, and brings the search form.
+    shown = request.GET.get("shown", "")
+    reopen = (
+        request.GET.get("open") == "1"
+        and bool(marks)
+        and not found.errors
+        and (not shown or not run.is_active)
     )
+    if reopen:
+        selected = _opening_step(run, marks, found)
+        reopen = selected is not None and str(selected) != shown
+    context = _run_context(request, run, marks, found, selected)
+    parts = ["steplist"]
+    if request.GET.get("form") == "0" and marks:
+        parts.append("runsearch")
+    if reopen:
+        assert selected is not None
+        context.update(
+            _step_context(run, get_object_or_404(Step, run=run, number=selected)),
+            selected=selected,
+            auto=True,
+        )
+        parts.append("step")
+    return _live_response(request, run, context, parts)
+
+
+def _opening_step(run: Run, marks: list[timeline.Mark], found: StepSearchForm) -> int | None:
+    hits = found.matches() if found.active else None
+    return timeline.opening_step(
+        run, marks if hits is None else [m for m in marks if m.number in hits]
+    )
+
+
+def _live_response(
+    request: HttpRequest,
+    run: Run,
+    context: dict[str, Any],
+    parts: tuple[str, ...] | list[str] = ("steplist",),
+) -> HttpResponse:
+    body = render_to_string("debugger/run_detail.html#live", context, request=request)
+    for part in parts:
+        body += render_to_string(
+            f"debugger/run_detail.html#{part}", {**context, "oob": True}, request=request
+        )
     return _stop_polling_unless(run.is_active, HttpResponse(body))
 
 
@@ -291,6 +328,7 @@ def _run_context(
         "version": timeline.version(run),
         "versions": versions.of_run(run),
         "phases": [p for p in PHASES if p != "waiting"],  # "waiting" is the mark's entry
+        "summary": run_summary(run.agent, run.input),
         "cancel_form": CancelForm(),
         **abilities(request),
     }
@@ -366,7 +404,31 @@ def _list_page(
 
 
 def _step_context(run: Run, step: Step) -> dict[str, Any]:
-    return {"sv": timeline.step_view(run, step), "version": timeline.version(run)}
+    return {
+        "sv": timeline.step_view(run, step),
+        "version": timeline.version(run),
+        "watch_paths": watch_suggestions(run, step.number),
+    }
+
+
+WATCH_SUGGESTIONS = 8
+
+
+def watch_suggestions(run: Run, number: int | None = None) -> list[str]:
+    """Paths worth watching in this run, deepest first: those step `number` changed (from
+    the snapshots' path index, no state read), else those its latest steps changed."""
+    snaps = Snapshot.objects.filter(run=run).exclude(paths="").order_by("-seq")
+    rows = []
+    if number is not None:
+        # Its post snapshot's (a pre that refers to the step before carries that one's).
+        rows = list(snaps.filter(step=number).values_list("paths", flat=True)[:1])
+    if not rows:
+        rows = list(snaps.values_list("paths", flat=True)[:6])
+    found: dict[str, None] = {}
+    for text in rows:
+        for path in watch.named_paths(text):
+            found.setdefault(watch.format_path(path))
+    return sorted(found, key=lambda p: (-p.count(".") - p.count("["), p))[:WATCH_SUGGESTIONS]
 
 
 # --- actions --------------------------------------------------------------------------------
@@ -726,9 +788,27 @@ def _fork_page(
         "check": check,
         "max_bytes": forks.upload_limit(),
         "live_versions": sorted(versions_alive()),
+        "open_paths": _fork_open_paths(run, number, at) if source else [],
         **abilities(request),
     }
     return render(request, "debugger/fork.html", context, status=status)
+
+
+FORK_OPEN_PATHS = 4
+
+
+def _fork_open_paths(run: Run, number: int, at: str) -> list[str]:
+    """Where the editor opens its tree: what changed last before this snapshot (the step
+    before a pre snapshot, the step itself for a post one), below the top-level keys: the
+    values an operator most likely came to correct."""
+    snaps = Snapshot.objects.filter(run=run).exclude(paths="")
+    if at == "pre":
+        snaps = snaps.filter(seq__lte=Snapshot.seq_for(number, "pre"))
+    else:
+        snaps = snaps.filter(seq__lte=Snapshot.seq_for(number, "post"))
+    text = snaps.order_by("-seq").values_list("paths", flat=True).first()
+    deep = [p for p in watch.named_paths(text) if len(p) > 1]
+    return [watch.format_path(p) for p in deep[:FORK_OPEN_PATHS]]
 
 
 @role_required
@@ -770,15 +850,22 @@ def compare_runs(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         selected=selected,
         step_url=f"{request.path}?{query.urlencode()}",
         fork_point=forks.fork_point(run),
+        fork_edited=_fork_edited(run),
         ran_on=versions.compared(other, run),
         **_step_diff(cmp, selected),
     )
     if _fragment(request, "compare-diff"):
         return render(request, "debugger/compare.html#diff", context)
     context["picker"] = compare.picker(run)
+    context["watch_paths"] = watch_suggestions(run)
     context.update(_compare_watch(request, other, run))
     status = 400 if context.get("watch_error") else 200
     return render(request, "debugger/compare.html", context, status=status)
+
+
+def _fork_edited(run: Run) -> bool:
+    event = forks.fork_event(run)
+    return bool(event and (event.payload or {}).get("edited"))
 
 
 def _step_diff(cmp: compare.Comparison, number: int | None) -> dict[str, Any]:
@@ -889,13 +976,19 @@ def run_rows(runs: QuerySet[Run]) -> QuerySet[Run]:
     return runs.defer("input").prefetch_related("labels")
 
 
+# A run without a goal is summed up from its input, read only when it is no bigger than this.
+SUMMARY_INPUT_MAX = 64 * 1024
+
+
 def with_row_facts(runs: list[Run]) -> list[Run]:
-    """Each run's goal (read from its input in the database), and whether a step of it
-    backed off after an error (`backed_off`) or crashed (`crashed`) and was tried again.
+    """Each run's goal (read from its input in the database) or else its agent's summary of
+    its input (`goal`), and whether a step of it backed off after an error (`backed_off`)
+    or crashed (`crashed`) and was tried again.
 
     One query for the page's runs: in the page's query, SQLite would work these out for
     every matching run before sorting. Both lookups use small partial indexes
-    (event_retries, step_crashed).
+    (event_retries, step_crashed). A second one reads the inputs of the runs without a
+    goal, those of a reasonable size only.
     """
     facts = (
         Run.objects.filter(pk__in=[run.pk for run in runs])
@@ -910,7 +1003,38 @@ def with_row_facts(runs: list[Run]) -> list[Run]:
     by_pk = {pk: rest for pk, *rest in facts} if runs else {}
     for run in runs:
         run.goal, run.backed_off, run.crashed = by_pk.get(run.pk, ("", False, False))
+    goalless = [run for run in runs if not run.goal]
+    if goalless:
+        inputs = dict(
+            Run.objects.filter(pk__in=[run.pk for run in goalless])
+            .annotate(input_size=Length(Cast("input", TextField())))
+            .filter(input_size__lte=SUMMARY_INPUT_MAX)
+            .values_list("pk", "input")
+        )
+        for run in goalless:
+            if run.pk in inputs:
+                run.goal = run_summary(run.agent, inputs[run.pk])
     return runs
+
+
+def run_summary(agent: str, input: Any) -> str:
+    """What the run is about, in one line: its agent's `summary` of its (redacted) input;
+    the input's goal or first field when the agent is unknown here or its hook fails."""
+    from agentrun.agents import SUMMARY_CHARS, input_summary
+    from agentrun.security.redact import redact_text
+    from debugger.jsontree import json_size
+
+    if isinstance(input, dict) and isinstance(input.get("goal"), str) and input["goal"].strip():
+        return " ".join(redact_text(input["goal"]).split())[:SUMMARY_CHARS]
+    if isinstance(input, dict) and (json_size(input) or SUMMARY_INPUT_MAX + 1) > SUMMARY_INPUT_MAX:
+        # A big input (the run page polls): its top-level scalars are enough to sum it up.
+        input = {k: v for k, v in input.items() if not isinstance(v, list | dict)}
+    shown = redact(input)
+    try:
+        text = get_agent(agent).summary(shown)
+    except Exception:  # noqa: BLE001 -- an agent's hook may not break the page
+        text = input_summary(shown)
+    return " ".join(str(text or "").split())[:SUMMARY_CHARS]
 
 
 @role_required
@@ -969,6 +1093,7 @@ def purged_run(request: HttpRequest, run: Run, number: int | None) -> HttpRespon
     context = {
         "run": run,
         "step_asked": number,
+        "summary": run_summary(run.agent, run.input),
         "events": Event.objects.filter(run=run).order_by("created_at", "id"),
         "calls": ToolCall.objects.filter(run=run)
         .select_related("step")
@@ -1014,7 +1139,13 @@ def watch_value(request: HtmxHttpRequest, run_id: Any) -> HttpResponse:
         if step_text.isascii() and step_text.isdigit() and len(step_text) < 10
         else None
     )
-    context: dict[str, Any] = {"run": run, "path_text": text[:200], "step": step}
+    context: dict[str, Any] = {
+        "run": run,
+        "path_text": text[:200],
+        "step": step,
+        "watch_paths": watch_suggestions(run, step),
+        **abilities(request),
+    }
     if not text.strip():
         return render(request, "debugger/watch.html", context)
     try:
@@ -1112,6 +1243,8 @@ def _watch_entry(
         "next": next,
         "step_url": reverse("debugger:run-step", args=[c.run_id, c.step]),
         "diff_url": reverse("debugger:step-diff", args=[c.run_id, c.step]),
+        # The snapshot that holds the value as this change left it.
+        "fork_url": reverse("debugger:run-fork", args=[c.run_id, c.step, c.at]),
         "after_url": reverse("debugger:snapshot", args=[c.run_id, c.step, after_at]) + query
         if c.after_exists
         else None,

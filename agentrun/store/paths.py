@@ -228,6 +228,26 @@ def touched_paths(ops: Iterable[Any]) -> str:
     return "\n" + "\n".join(sorted(lines)) + "\n"
 
 
+def _unescaped(token: str) -> str:
+    return token.replace("~1", "/").replace("~2", "\n").replace("~3", "\x00").replace("~0", "~")
+
+
+def named_paths(paths: str | None) -> list[Path]:
+    """The paths a Snapshot.paths index names, as a person would watch them: each cut
+    before its first list position (the index keeps none), deepest first; the whole
+    state's line is left out."""
+    found: set[Path] = set()
+    for line in (paths or "").split("\n"):
+        if not line.startswith("$/"):
+            continue
+        tokens = _MARK.sub("", line)[2:].split("/")
+        if "#" in tokens:
+            tokens = tokens[: tokens.index("#")]
+        if tokens:
+            found.add(tuple(_unescaped(t) for t in tokens))
+    return sorted(found, key=lambda p: (-len(p), p))
+
+
 def may_change_whole(paths: str | None) -> bool:
     """Whether a snapshot whose Snapshot.paths is `paths` may hold an op on the whole
     state: its index has the whole state's line (set, or spliced), or it has no index

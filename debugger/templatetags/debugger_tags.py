@@ -9,6 +9,7 @@ from typing import Any
 
 from django import template
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
@@ -222,3 +223,52 @@ def _items(value: Any) -> str:
         return ""
     n, key = max(sizes)
     return f", {n:,} {key}"
+
+
+# --- timestamps: one format on every page, the full time on hover, the browser's zone ---
+
+# The visible formats by style, and the tooltip's (the same in localtime.js).
+WHEN_FORMATS = {"full": "%b %-d, %H:%M:%S", "ms": "%H:%M:%S.{ms}"}
+WHEN_TITLE = "%Y-%m-%d %H:%M:%S.{ms} %Z"
+
+
+def _moment(value: Any) -> Any:
+    from django.utils.dateparse import parse_datetime
+
+    try:
+        moment = parse_datetime(value) if isinstance(value, str) else value
+    except ValueError:
+        return None
+    if moment is None or not hasattr(moment, "isoformat"):
+        return None
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, timezone.get_default_timezone())
+    return timezone.localtime(moment)
+
+
+@register.filter
+def stamp(value: Any) -> str:
+    """The full time as plain text (`2026-11-29 01:25:08.165 UTC`), for a title attribute."""
+    moment = _moment(value)
+    if moment is None:
+        return ""
+    return moment.strftime(WHEN_TITLE.format(ms=f"{moment.microsecond // 1000:03d}"))
+
+
+@register.simple_tag
+def when(value: Any, style: str = "full") -> str:
+    """A <time> element: `Nov 29, 01:25:08` (or `01:25:08.165` for "ms") in the server's
+    zone, the full time in its title; static/debugger/localtime.js rewrites both in the
+    browser's time zone. A datetime or an ISO 8601 text; "–" for none."""
+    moment = _moment(value)
+    if moment is None:
+        return "–"
+    ms = f"{moment.microsecond // 1000:03d}"
+    style = style if style in WHEN_FORMATS else "full"
+    return format_html(
+        '<time datetime="{}" data-when="{}" title="{}">{}</time>',
+        moment.isoformat(),
+        style,
+        moment.strftime(WHEN_TITLE.format(ms=ms)),
+        moment.strftime(WHEN_FORMATS[style].format(ms=ms)),
+    )

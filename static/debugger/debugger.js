@@ -79,6 +79,20 @@
     document.body.removeChild(area);
   }
 
+  // The run page's live refresh: say whether the step shown is the page's own pick (or
+  // none), and whether the search form is missing, so the server can open the step and
+  // bring the form as a fresh load would. A step the operator picked is left alone.
+  document.addEventListener("htmx:configRequest", function (event) {
+    var elt = event.detail.elt;
+    if (!elt || elt.id !== "run-live") return;
+    var body = document.getElementById("step-body");
+    if (body && (body.classList.contains("empty") || body.hasAttribute("data-auto"))) {
+      event.detail.parameters.open = "1";
+      event.detail.parameters.shown = body.getAttribute("data-step") || "";
+    }
+    if (!document.querySelector("form#run-search")) event.detail.parameters.form = "0";
+  });
+
   // Polling replaces the step list: keep its scroll position and the selection.
   var listScroll = null;
   document.addEventListener("htmx:beforeSwap", function () {

@@ -356,13 +356,7 @@
   Editor.prototype.reveal = function (path) {
     this.host.querySelectorAll(".te-flagged").forEach(function (e) { e.classList.remove("te-flagged"); });
     if (path === null || !this.root) return;
-    var tokens = /([^.[\]]+)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\]/g;
-    var m, at = "", chain = [""];
-    while ((m = tokens.exec(path)) !== null) {
-      var key = m[1] !== undefined ? m[1] : m[2] !== undefined ? Number(m[2]) : m[3].slice(1, -1).replace(/\\(.)/g, "$1");
-      at = childPath(at, key);
-      chain.push(at);
-    }
+    var chain = chainOf(path), at = chain[chain.length - 1];
     var self = this, closed = chain.slice(0, -1).filter(function (p) { return !self.open[p]; });
     // Not while a value is being edited: that would throw the edit away.
     if (closed.length && !this.host.querySelector(".te-form")) {
@@ -375,6 +369,37 @@
       var row = li.querySelector(":scope > .te-row");
       if (row.scrollIntoView) row.scrollIntoView({ block: "nearest" });
     }
+  };
+
+  // Open the tree where the page suggests (what changed last before the snapshot): each
+  // path's ancestors, and the path itself when it holds a few entries.
+  var OPEN_MAX_ENTRIES = 20;
+
+  function chainOf(path) {
+    var tokens = /([^.[\]]+)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\]/g;
+    var m, at = "", chain = [""];
+    while ((m = tokens.exec(path)) !== null) {
+      var key = m[1] !== undefined ? m[1] : m[2] !== undefined ? Number(m[2]) : m[3].slice(1, -1).replace(/\\(.)/g, "$1");
+      at = childPath(at, key);
+      chain.push(at);
+    }
+    return chain;
+  }
+
+  Editor.prototype.openAt = function (paths) {
+    if (!this.root || !paths.length) return;
+    var self = this;
+    paths.forEach(function (path) {
+      chainOf(path).slice(0, -1).forEach(function (p) { self.open[p] = true; });
+    });
+    this.render();
+    paths.forEach(function (path) {
+      var info = self.nodes[path];
+      var node = info && info.node;
+      var box = node && (node.t === "object" || node.t === "array" ? node : node.t === "string" && node.j ? node.j.node : null);
+      if (box && box.e.length <= OPEN_MAX_ENTRIES) self.open[path] = true;
+    });
+    this.render();
   };
 
   Editor.prototype.entryOf = function (target) {
@@ -643,6 +668,11 @@
     var wanted = "tree";
     try { wanted = sessionStorage.getItem("agentrun.forkeditor.view") || "tree"; } catch (err) { /* private mode */ }
     if (area.classList.contains("invalid") || !show(wanted)) show("raw");
+    else if (wanted === "tree") {
+      editor.openAt([].map.call(document.querySelectorAll("#fork-editor [data-open-path]"), function (e) {
+        return e.getAttribute("data-open-path");
+      }));
+    }
 
     // The live check: a state larger than a form may post is not sent (the server would refuse
     // the request before reading it); the page says so instead.

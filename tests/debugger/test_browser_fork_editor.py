@@ -75,11 +75,12 @@ def test_an_operator_removes_an_item_from_json_text_in_the_tree_and_forks(live_s
         page.wait_for_selector("#fork-tree:not([hidden]) li[data-path='$']")
         assert not page.is_visible("#fork-state")
         assert page.get_attribute("[data-editor-view=tree]", "aria-pressed") == "true"
-        expand(page, "memory")
-        expand(page, "memory.notes")
+        # It opens at what changed last before the snapshot: step 2 read the cart.
+        for path in ("memory", "memory.notes", CART):
+            assert node(page, path).get_attribute("aria-expanded") == "true", path
+        assert node(page, "history").get_attribute("aria-expanded") == "false"
         cart = node(page, CART)
         assert "JSON text" in cart.locator(":scope > .te-row").inner_text()
-        expand(page, CART)
         first = node(page, f"{CART}[0]")
         expand(page, f"{CART}[0]")
         assert '"STOVE-1"' in node(page, f"{CART}[0].sku").inner_text()

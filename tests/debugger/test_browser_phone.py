@@ -85,6 +85,8 @@ def pages(people):
         "fork": f"/runs/{run.pk}/steps/4/pre/fork/",
         "search": f"/runs/{run.pk}/?q=refund",
         "watch": f"/runs/{run.pk}/watch/?path=memory.notes",
+        # Changes with their replay buttons: the parent's, and the fork's edit before step 3.
+        "watch-fork": f"/runs/{fork.pk}/watch/?path=memory.goal",
         "compare-watch": f"/runs/{fork.pk}/compare/?path=memory.goal",
         "purged": f"/runs/{old.pk}/",
         "now": "/now/",

@@ -87,7 +87,7 @@ def test_an_operator_walks_from_login_to_a_step_its_snapshots_its_diff_and_the_a
         page.wait_for_selector("#snap-pane .tab.on:has-text('Post state')")
         page.goto(f"/runs/{run.pk}/steps/6/pre/")
         assert page.locator(".tree-wrap .jt-key").count() > 10
-        replay = page.get_by_role("link", name="Replay from here")
+        replay = page.get_by_role("link", name="Replay from before step 6")
         assert replay.get_attribute("href") == f"/runs/{run.pk}/steps/6/pre/fork/"
         shot(page, "05-snapshot-pre")
         page.goto(f"/runs/{run.pk}/steps/6/post/?path=history")

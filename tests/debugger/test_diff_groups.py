@@ -36,6 +36,24 @@ def test_changes_are_grouped_by_top_level_key_with_counts():
     assert sum(len(g.changes) for g in diff.groups) == len(diff.changes)
 
 
+def test_a_group_counts_say_what_was_counted_and_where():
+    # Three list items dropped inside one tool call: not three tool calls removed.
+    old = {"tool_calls": [{"args": {"skus": ["A"]}, "result": {"for": ["A"], "recs": ["x"]}}]}
+    new = {"tool_calls": [{"args": {"skus": []}, "result": {"for": [], "recs": []}}]}
+    [group] = diff_states(old, new).groups
+    assert [c.text for c in group.chips] == ["−3 list items in tool_calls[0]"]
+    assert group.chips[0].title == "3 list items removed inside tool_calls[0]"
+    # Whole calls dropped from the list: items of the group's own list, no place needed.
+    [group] = diff_states({"tool_calls": [1, 2, 3]}, {"tool_calls": [1]}).groups
+    assert [c.text for c in group.chips] == ["−2 list items"]
+    chips = {g.key: [c.text for c in g.chips] for g in diff_states(OLD, NEW).groups}
+    assert chips["memory"] == ["−10 keys in memory.notes", "~31 values"]
+    assert chips["scratch"] == ["−1 key"]
+    assert chips["history"] == ["+1 list item"]
+    html = render_to_string("debugger/_diff.html", {"diff": diff_states(OLD, NEW), "view": "diff"})
+    assert "−10 keys in memory.notes</span>" in html and "−10 removed" not in html
+
+
 def test_big_groups_start_collapsed_small_ones_open():
     groups = {g.key: g for g in diff_states(OLD, NEW).groups}
     assert not groups["memory"].open

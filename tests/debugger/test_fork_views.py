@@ -86,6 +86,9 @@ def test_replay_from_here_is_on_every_snapshot_for_operators_only(client_for, pa
         ):
             html = operator.get(url, **hx("snap-pane")).content.decode()
             assert f'href="{target}" data-action="replay"' in html, url
+            # The button itself says which state the fork starts from.
+            side = "after" if target.endswith("/post/fork/") else "before"
+            assert re.search(rf'data-action="replay"[^>]*>Replay from {side} step {n}</a>', html)
             assert 'data-action="replay"' not in viewer.get(url).content.decode(), url
 
 
@@ -390,6 +393,13 @@ def test_compare_aligns_the_fork_with_its_parent_and_marks_the_first_divergence(
     row3 = cmp.rows[2]
     assert (row3.pre_same, row3.post_same) == (False, False)
     assert "First divergence at step 3" in html and "first divergence</span>" in html
+    # The edit made them differ before step 3 ran: the page does not blame the step.
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html))
+    assert (
+        "the two runs' states differ already before this step: the fork started from an "
+        "edited state, so they differ after it too." in said
+    )
+    assert "differ after this step" not in said
     assert "Compare <a" in html and "with its parent" in html
     # Both sides show the decision and the calls with their status.
     row4 = html.split('data-n="4"', 1)[1].split("</a>", 1)[0]
@@ -423,6 +433,8 @@ def test_an_unedited_sandbox_fork_diverges_where_a_write_was_skipped(client_for,
     fork = drive(services.fork_run(parent, step=2, at="post", user=people["operator"]))
     response = client_for("viewer").get(f"/runs/{fork.pk}/compare/")
     assert response.context["cmp"].first_divergence == 4  # notify skipped instead of sent
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", response.content.decode()))
+    assert "the two runs' states are the same before this step and differ after it." in said
     assert rows(response.content.decode()) == {
         1: "shared",
         2: "shared",

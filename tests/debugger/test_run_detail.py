@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html as htmllib
 import re
 
 import pytest
@@ -118,7 +119,10 @@ def test_live_updates_poll_while_active_and_stop_when_finished(client_for, peopl
     run = runs.queued_run(people["operator"])
     client = client_for("viewer")
     html = client.get(f"/runs/{run.pk}/").content.decode()
-    poll = re.search(r'hx-get="(/runs/[^"]+/live/\?v=[^"]+)"', html).group(1)
+    poll = htmllib.unescape(re.search(r'hx-get="(/runs/[^"]+/live/\?[^"]*v=[^"]+)"', html).group(1))
+    assert 'class="stepbody empty"' in html and 'id="run-search" hidden' in html
+    # As the page's script asks: no step shown, no search form.
+    poll += "&open=1&shown=&form=0"
     assert client.get(poll, **hx("run-live")).status_code == 204  # nothing changed
     drive(run)
     response = client.get(poll, **hx("run-live"))
@@ -127,6 +131,16 @@ def test_live_updates_poll_while_active_and_stop_when_finished(client_for, peopl
     assert body.lstrip().startswith('<div id="run-live"')
     assert 'id="step-list"' in body and 'hx-swap-oob="true"' in body
     assert "succeeded" in body
+    # What a fresh load would show: the opening step and the search form, swapped in.
+    fresh = client.get(f"/runs/{run.pk}/").content.decode()
+    opened = re.search(r'<section id="step-body"[^>]*data-step="(\d+)"', fresh).group(1)
+    assert re.search(rf'<section id="step-body" hx-swap-oob="true"[^>]*data-step="{opened}"', body)
+    assert '<form id="run-search" hx-swap-oob="true"' in body
+    # A step the operator picked is left alone; the page's own pick follows to the end.
+    picked = client.get(poll.replace("shown=", "shown=1").replace("open=1&", ""), **hx("run-live"))
+    assert 'id="step-body"' not in picked.content.decode()
+    same = client.get(poll.replace("shown=", f"shown={opened}"), **hx("run-live"))
+    assert 'id="step-body"' not in same.content.decode()  # already the one a load opens
 
 
 def test_an_unfinished_step_body_polls_until_it_is_done(client_for, people):

@@ -127,6 +127,19 @@ def test_a_fork_shows_the_inherited_change_and_its_own_edit(client_for, fork, in
     assert f'href="/runs/{fork.pk}/steps/3/"' in body
 
 
+def test_each_change_replays_from_the_state_it_left_for_operators(client_for, fork, incident):
+    url = f"/runs/{fork.pk}/watch/?path=memory.notes.cart"
+    body = client_for("operator").get(url).content.decode()
+    links = re.findall(r'<a class="btn small replay" href="([^"]+)"[^>]*>([^<]+)</a>', body)
+    # The parent's change after its step 2, the fork's edit before its step 3.
+    assert links == [
+        (f"/runs/{incident.pk}/steps/2/post/fork/", "Replay from after step 2"),
+        (f"/runs/{fork.pk}/steps/3/pre/fork/", "Replay from before step 3"),
+    ]
+    assert client_for("operator").get(links[1][0]).status_code == 200
+    assert 'data-action="replay"' not in client_for("viewer").get(url).content.decode()
+
+
 def test_compare_shows_the_watched_path_in_fork_and_parent_side_by_side(client_for, fork):
     response = client_for("viewer").get(f"/runs/{fork.pk}/compare/", {"path": "memory.notes.cart"})
     assert response.status_code == 200
