@@ -134,7 +134,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             seen_before = parent.decision["langgraph"]["versions_seen"] if parent else {}
             seen = plain(cp.get("versions_seen", {}))
             nodes = sorted(
-                k for k, v in seen.items() if seen_before.get(k) != v and not k.startswith("__")
+                k for k, v in seen.items() if seen_before.get(k) != v and k != "__input__"
             )
             info = {
                 "checkpoint_id": cp["id"],

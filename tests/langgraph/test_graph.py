@@ -1,0 +1,165 @@
+"""A real LangGraph agent graph (a model node calling the local fake OpenAI server through
+LangChain's ChatOpenAI, a tool node) run with the agentrun saver, then read back through
+LangGraph and through the debugger's pages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("langgraph")
+pytest.importorskip("langchain_openai")
+
+from langchain_core.messages import HumanMessage, ToolMessage  # noqa: E402
+from langchain_core.tools import tool  # noqa: E402
+from langchain_openai import ChatOpenAI  # noqa: E402
+from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
+from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
+
+from agentrun.integrations.langgraph import AgentrunSaver, run_id_for  # noqa: E402
+from agentrun.models import Run, Step  # noqa: E402
+from agentrun.store import snapshots  # noqa: E402
+from tests.fake_openai import FakeOpenAI, completion, tool_call  # noqa: E402
+
+# The saver's puts may come from LangGraph's own threads (another database connection
+# than the test's): a transactional test, so they see each other's commits.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@tool
+def lookup_order(order_id: str) -> str:
+    """The status of an order."""
+    return f"order {order_id}: shipped on May 2"
+
+
+def build_graph(base_url: str, saver: AgentrunSaver):
+    model = ChatOpenAI(model="fake-model", base_url=base_url, api_key="sk-test", max_retries=0)
+    model = model.bind_tools([lookup_order])
+
+    def agent(state: MessagesState) -> dict:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([lookup_order]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=saver)
+
+
+@pytest.fixture
+def ran():
+    """The graph run once on thread `order-42`: a tool call, its result, the answer."""
+    saver = AgentrunSaver()
+    with FakeOpenAI() as fake:
+        fake.push(completion(tool_calls=[tool_call("lookup_order", {"order_id": "42"})]))
+        fake.push(completion("Your order 42 shipped on May 2."))
+        graph = build_graph(fake.base_url, saver)
+        config = {
+            "configurable": {"thread_id": "order-42"},
+            "metadata": {"customer": "acme", "channel": "chat"},
+        }
+        result = graph.invoke({"messages": [HumanMessage("Where is order 42?")]}, config)
+        assert len(fake.chat_requests()) == 2
+    return graph, config, result
+
+
+def test_a_thread_is_a_run_and_each_super_step_a_step(ran):
+    graph, config, result = ran
+    assert result["messages"][-1].content == "Your order 42 shipped on May 2."
+    run = Run.objects.get(pk=run_id_for("order-42"))
+    assert run.agent == "langgraph"
+    assert {label.key: label.value for label in run.labels.all()} == {
+        "langgraph.thread": "order-42",
+        "customer": "acme",
+        "channel": "chat",
+    }
+    history = list(graph.get_state_history(config))  # newest first
+    steps = list(Step.objects.filter(run=run).order_by("number"))
+    assert len(steps) == len(history) == 5
+    assert [s.decision["langgraph"]["checkpoint_id"] for s in steps] == [
+        h.config["configurable"]["checkpoint_id"] for h in reversed(history)
+    ]
+    # The node that ran in each super-step, and the metadata, on the step.
+    assert [s.decision["langgraph"]["nodes"] for s in steps] == [
+        [],
+        ["__start__"],
+        ["agent"],
+        ["tools"],
+        ["agent"],
+    ]
+    assert [s.decision["langgraph"]["step"] for s in steps] == [-1, 0, 1, 2, 3]
+    assert steps[3].decision["thought"] == "LangGraph loop step 2: tools ran"
+    assert steps[0].decision["langgraph"]["metadata"]["source"] == "input"
+    # The channel values after the last super-step, as plain JSON in the delta store.
+    final = snapshots.load(run.pk, 5, "post")
+    kinds = [(m["type"], m.get("content")) for m in final["messages"]]
+    assert kinds == [
+        ("human", "Where is order 42?"),
+        ("ai", None),
+        ("tool", "order 42: shipped on May 2"),
+        ("ai", "Your order 42 shipped on May 2."),
+    ]
+    # Each pre snapshot is the state after the step before.
+    for step in steps[1:]:
+        assert snapshots.load(run.pk, step.number, "pre") == snapshots.load(
+            run.pk, step.number - 1, "post"
+        )
+    # LangGraph reads back its own objects.
+    state = graph.get_state(config)
+    assert isinstance(state.values["messages"][2], ToolMessage)
+    assert state.values["messages"] == result["messages"]
+
+
+def test_the_debugger_shows_the_tool_steps_diff(ran, client_for):
+    run_id = run_id_for("order-42")
+    client = client_for("viewer")
+    page = client.get(f"/runs/{run_id}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "LangGraph loop step 2: tools ran" in html
+    diff = client.get(f"/runs/{run_id}/steps/4/diff/")
+    assert diff.status_code == 200
+    text = diff.content.decode()
+    assert "order 42: shipped on May 2" in text
+    assert "lookup_order" in text
+    step = client.get(f"/runs/{run_id}/steps/4/").content.decode()
+    assert "LangGraph checkpoint" in step
+    listed = client.get("/?label=customer=acme").content.decode()
+    assert str(run_id)[:8] in listed
+
+
+def test_an_interrupt_and_a_branch_show_on_the_steps():
+    """update_state from an older checkpoint is a LangGraph branch: a step whose pre
+    snapshot is that checkpoint's values; an interrupt is on the step it paused at."""
+    from langgraph.types import interrupt
+
+    def ask(state: MessagesState) -> dict:
+        answer = interrupt("approve?")
+        return {"messages": [("ai", f"approved: {answer}")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    graph = builder.compile(checkpointer=AgentrunSaver())
+    config = {"configurable": {"thread_id": "t-branch"}}
+    graph.invoke({"messages": [("human", "hi")]}, config)
+    run = Run.objects.get(pk=run_id_for("t-branch"))
+    last = Step.objects.filter(run=run).order_by("-number").first()
+    assert last.decision["langgraph"]["interrupts"], last.decision["langgraph"]
+    assert "interrupted" in last.decision["thought"]
+    assert json.dumps(last.decision["langgraph"]["interrupts"]).count("approve?") == 1
+
+    first = list(graph.get_state_history(config))[-1]  # the input checkpoint
+    graph.update_state(first.config, {"messages": [("human", "edited")]})
+    branch = Step.objects.filter(run=run).order_by("-number").first()
+    assert (
+        branch.decision["langgraph"]["parent_checkpoint_id"]
+        == (first.config["configurable"]["checkpoint_id"])
+    )
+    pre = snapshots.load(run.pk, branch.number, "pre")
+    post = snapshots.load(run.pk, branch.number, "post")
+    assert pre == snapshots.load(run.pk, 1, "post")
+    assert [m["content"] for m in post["messages"]][-1] == "edited"
