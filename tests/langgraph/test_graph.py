@@ -12,41 +12,17 @@ pytest.importorskip("langgraph")
 pytest.importorskip("langchain_openai")
 
 from langchain_core.messages import HumanMessage, ToolMessage  # noqa: E402
-from langchain_core.tools import tool  # noqa: E402
-from langchain_openai import ChatOpenAI  # noqa: E402
 from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
-from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 
 from agentrun.integrations.langgraph import AgentrunSaver, run_id_for  # noqa: E402
 from agentrun.models import Run, Step  # noqa: E402
 from agentrun.store import snapshots  # noqa: E402
 from tests.fake_openai import FakeOpenAI, completion, tool_call  # noqa: E402
+from tests.langgraph.orders_graph import build_graph  # noqa: E402
 
 # The saver's puts may come from LangGraph's own threads (another database connection
 # than the test's): a transactional test, so they see each other's commits.
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@tool
-def lookup_order(order_id: str) -> str:
-    """The status of an order."""
-    return f"order {order_id}: shipped on May 2"
-
-
-def build_graph(base_url: str, saver: AgentrunSaver):
-    model = ChatOpenAI(model="fake-model", base_url=base_url, api_key="sk-test", max_retries=0)
-    model = model.bind_tools([lookup_order])
-
-    def agent(state: MessagesState) -> dict:
-        return {"messages": [model.invoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", ToolNode([lookup_order]))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return builder.compile(checkpointer=saver)
 
 
 @pytest.fixture
@@ -163,3 +139,27 @@ def test_an_interrupt_and_a_branch_show_on_the_steps():
     post = snapshots.load(run.pk, branch.number, "post")
     assert pre == snapshots.load(run.pk, 1, "post")
     assert [m["content"] for m in post["messages"]][-1] == "edited"
+
+
+def test_a_langgraph_application_outside_django_gets_agentruns_settings(tmp_path):
+    """The two-line change works in a plain Python process: importing the saver sets
+    Django up with agentrun's settings, so the saver has agentrun's database."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = str(root)
+    code = (
+        "from agentrun.integrations.langgraph import AgentrunSaver\n"
+        "from django.apps import apps\n"
+        "from django.conf import settings\n"
+        "print(apps.ready, settings.SETTINGS_MODULE, type(AgentrunSaver()).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "agentrun.settings", "AgentrunSaver"]
