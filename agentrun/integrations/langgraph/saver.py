@@ -28,12 +28,15 @@ an agentrun worker, which could not run it).
 from __future__ import annotations
 
 import base64
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Min
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -86,7 +89,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
 
     # --- writing ----------------------------------------------------------------
 
-    def put(
+    def _put(
         self,
         config: RunnableConfig,
         checkpoint: Checkpoint,
@@ -103,7 +106,17 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         now = timezone.now()
         with transaction.atomic():
             run = self._run(thread_id, ns, config, now)
-            number = run.next_step
+            number, waiting = run.next_step, self._step(run.pk, cp["id"], done=False)
+            early: dict[str, Any] = {
+                "langgraph": {"writes": []},
+                "langgraph_serialized": {"writes": []},
+            }
+            if waiting is not None and waiting.status == StepStatus.RUNNING:
+                # The checkpoint's writes came first (LangGraph doesn't wait for a put
+                # to write the writes of the tasks it starts): they waited on a step of
+                # their own, numbered below the run's steps, which this step replaces.
+                early = waiting.decision
+                waiting.delete()
             parent = self._step(run.pk, parent_id) if parent_id else None
             parent_ser = parent.decision["langgraph_serialized"] if parent else {}
             blob_at: dict[str, int] = {}
@@ -146,18 +159,19 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 "metadata": plain(md),
                 "channel_versions": plain(cp["channel_versions"]),
                 "versions_seen": seen,
-                "writes": [],
+                "writes": early["langgraph"]["writes"],
                 "interrupts": [],
             }
+            info["interrupts"] = _interrupts(info)
             serialized = {
                 "checkpoint": _packed(self.serde.dumps_typed(cp)),
                 "metadata": _packed(self.serde.dumps_typed(md)),
                 "blobs": blobs,
                 "blob_at": blob_at,
                 "written": plain(dict(new_versions)),
-                "writes": [],
+                "writes": early["langgraph_serialized"]["writes"],
             }
-            self._snapshots(run, number, parent, post_state)
+            size = self._snapshots(run, number, parent, post_state)
             Step.objects.create(
                 run=run,
                 number=number,
@@ -173,6 +187,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 started_at=now,
                 finished_at=now,
                 duration_ms=0.0,
+                state_size=size,
             )
             Run.objects.filter(pk=run.pk).update(
                 next_step=number + 1, finished_at=now, updated_at=now
@@ -185,7 +200,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             }
         }
 
-    def put_writes(
+    def _put_writes(
         self,
         config: RunnableConfig,
         writes: Sequence[tuple[str, Any]],
@@ -193,12 +208,30 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         task_path: str = "",
     ) -> None:
         conf = config["configurable"]
-        run_id = run_id_for(conf["thread_id"], conf.get("checkpoint_ns", "") or "")
+        ns = conf.get("checkpoint_ns", "") or ""
+        run_id = run_id_for(conf["thread_id"], ns)
         with transaction.atomic():
-            list(Run.objects.select_for_update().filter(pk=run_id).values_list("pk"))
-            step = self._step(run_id, conf["checkpoint_id"])
+            run = self._run(str(conf["thread_id"]), ns, config, timezone.now())
+            step = self._step(run_id, conf["checkpoint_id"], done=False)
             if step is None:
-                return
+                # Writes of a checkpoint not put yet: they wait for the put on a step
+                # numbered below the run's first, so the steps stay in checkpoint order.
+                below = Step.objects.filter(run=run, number__lt=run.first_step)
+                lowest = below.aggregate(n=Min("number"))["n"]
+                step = Step.objects.create(
+                    run=run,
+                    number=min(lowest or run.first_step, run.first_step) - 1,
+                    status=StepStatus.RUNNING,
+                    decision={
+                        "thought": "LangGraph checkpoint (not written yet)",
+                        "langgraph": {
+                            "checkpoint_id": conf["checkpoint_id"],
+                            "writes": [],
+                            "interrupts": [],
+                        },
+                        "langgraph_serialized": {"writes": []},
+                    },
+                )
             info = step.decision["langgraph"]
             ser = step.decision["langgraph_serialized"]
             index = {(w[0], w[1]): i for i, w in enumerate(ser["writes"])}
@@ -220,11 +253,12 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                     index[key] = len(ser["writes"])
                     ser["writes"].append(stored)
                     info["writes"].append(shown)
-            info["interrupts"] = [w["value"] for w in info["writes"] if w["channel"] == INTERRUPT]
-            step.decision["thought"] = _summary(info)
+            info["interrupts"] = _interrupts(info)
+            if step.status == StepStatus.SUCCEEDED:
+                step.decision["thought"] = _summary(info)
             Step.objects.filter(pk=step.pk).update(decision=step.decision)
 
-    def delete_thread(self, thread_id: str) -> None:
+    def _delete_thread(self, thread_id: str) -> None:
         with transaction.atomic():
             runs = Run.objects.filter(agent=AGENT, input__thread_id=str(thread_id))
             Snapshot.objects.filter(run__in=runs).delete()
@@ -233,7 +267,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
 
     # --- reading ----------------------------------------------------------------
 
-    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+    def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "") or ""
@@ -242,7 +276,11 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         if checkpoint_id:
             step = self._step(run_id, checkpoint_id)
         else:
-            step = Step.objects.filter(run_id=run_id).order_by("-number").first()
+            step = (
+                Step.objects.filter(run_id=run_id, status=StepStatus.SUCCEEDED)
+                .order_by("-number")
+                .first()
+            )
         if step is None:
             return None
         needed = set(step.decision["langgraph_serialized"]["blob_at"].values()) - {step.number}
@@ -255,7 +293,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             )
         return self._tuple(conf["thread_id"], ns, step.decision, decisions)
 
-    def list(
+    def _list(
         self,
         config: RunnableConfig | None,
         *,
@@ -272,7 +310,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         wanted_id = get_checkpoint_id(config) if config else None
         before_id = get_checkpoint_id(before) if before else None
         threads = dict(runs.values_list("pk", "input__thread_id"))
-        rows = Step.objects.filter(run__in=list(threads)).values_list(
+        rows = Step.objects.filter(run__in=list(threads), status=StepStatus.SUCCEEDED).values_list(
             "run_id", "number", "decision"
         )
         by_run: dict[Any, dict[int, Any]] = {}
@@ -299,6 +337,48 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 limit -= 1
             ns = decision["langgraph"]["checkpoint_ns"]
             yield self._tuple(threads[run_id], ns, decision, by_run[run_id])
+
+    # --- the sync methods: each returns its thread's database connection when done ----
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        with _connection_returned():
+            return self._put(config, checkpoint, metadata, new_versions)
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        with _connection_returned():
+            self._put_writes(config, writes, task_id, task_path)
+
+    def delete_thread(self, thread_id: str) -> None:
+        with _connection_returned():
+            self._delete_thread(thread_id)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        with _connection_returned():
+            return self._get_tuple(config)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        with _connection_returned():
+            found = list(self._list(config, filter=filter, before=before, limit=limit))
+        yield from found
 
     # --- async: the same work on a thread, as Django's ORM is synchronous ----------
 
@@ -372,12 +452,12 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         run_labels.store(run, _labels(thread_id, ns, config))
         return run
 
-    def _step(self, run_id: Any, checkpoint_id: str) -> Step | None:
-        return (
-            Step.objects.filter(run_id=run_id, decision__langgraph__checkpoint_id=checkpoint_id)
-            .order_by("-number")
-            .first()
-        )
+    def _step(self, run_id: Any, checkpoint_id: str, done: bool = True) -> Step | None:
+        """The step of a checkpoint; with done=False also one that waits for its put."""
+        steps = Step.objects.filter(run_id=run_id, decision__langgraph__checkpoint_id=checkpoint_id)
+        if done:
+            steps = steps.filter(status=StepStatus.SUCCEEDED)
+        return steps.order_by("-number").first()
 
     def _writers(self, run_id: Any, missing: list[tuple[str, Any]]) -> dict[str, int]:
         """The steps that wrote these (channel, version)s: a checkpoint whose parent is not
@@ -397,7 +477,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
 
     def _snapshots(
         self, run: Run, number: int, parent: Step | None, post_state: dict[str, Any]
-    ) -> None:
+    ) -> int:
         """The step's pre (its parent checkpoint's values) and post snapshots."""
         last = Snapshot.objects.filter(run=run).defer("data").order_by("-seq").first()
         last_state = snapshots.load_state(last) if last is not None else None
@@ -410,7 +490,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         pre.save()
         post, _ = snapshots.build(run.pk, number, "post", post_state, pre, pre_state)
         post.save()
-        Step.objects.filter(run=run, number=number).update(state_size=post.size)
+        return post.size
 
     def _tuple(
         self, thread_id: Any, ns: str, decision: dict[str, Any], decisions: dict[int, Any]
@@ -448,6 +528,24 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 for task_id, _idx, channel, kind, data, _path in ser["writes"]
             ],
         )
+
+
+@contextmanager
+def _connection_returned() -> Iterator[None]:
+    """LangGraph calls a saver from threads of its own (a graph's background puts, an
+    executor's): each would keep a database connection for the thread's life, and a
+    connection pool runs dry. Outside a transaction of the caller's, a thread other than
+    the main one gives its connection back when the call is done."""
+    outer = connection.in_atomic_block
+    try:
+        yield
+    finally:
+        if not outer and threading.current_thread() is not threading.main_thread():
+            connection.close()
+
+
+def _interrupts(info: dict[str, Any]) -> list[Any]:
+    return [w["value"] for w in info["writes"] if w["channel"] == INTERRUPT]
 
 
 def _summary(info: dict[str, Any]) -> str:
