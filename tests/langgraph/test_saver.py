@@ -38,6 +38,9 @@ def test_writes_that_come_before_their_checkpoint_wait_for_it():
     second = checkpoint({"n": 2}, {"n": 2})
     second_config = {"configurable": {**config["configurable"], "checkpoint_id": second["id"]}}
     saver.put_writes(second_config, [("n", 3)], "task-1")
+    third = checkpoint({"n": 3}, {"n": 3})
+    third_config = {"configurable": {**config["configurable"], "checkpoint_id": third["id"]}}
+    saver.put_writes(third_config, [("n", 4)], "task-2")  # two checkpoints waiting
     assert saver.get_tuple(second_config) is None  # not put yet
     assert saver.get_tuple(config).config == first
     stored = saver.put(first, second, {"source": "loop", "step": 0}, {"n": 2})
@@ -45,8 +48,11 @@ def test_writes_that_come_before_their_checkpoint_wait_for_it():
     assert tup.pending_writes == [("task-1", "n", 3)]
     assert tup.checkpoint["channel_values"] == {"n": 2}
     steps = Step.objects.filter(run_id=run_id_for("early")).order_by("number")
-    assert [s.number for s in steps] == [1, 2]
-    assert steps[1].decision["langgraph"]["writes"][0]["value"] == 3
+    assert [s.number for s in steps] == [-1, 1, 2]  # the third's writes still wait
+    saver.put(stored, third, {"source": "loop", "step": 1}, {"n": 3})
+    assert saver.get_tuple(third_config).pending_writes == [("task-2", "n", 4)]
+    assert [s.number for s in steps.all()] == [1, 2, 3]
+    assert steps[2].decision["langgraph"]["writes"][0]["value"] == 3
 
 
 def test_messages_are_plain_json_in_the_snapshots_and_objects_for_langgraph():

@@ -220,7 +220,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 lowest = below.aggregate(n=Min("number"))["n"]
                 step = Step.objects.create(
                     run=run,
-                    number=min(lowest or run.first_step, run.first_step) - 1,
+                    number=(run.first_step if lowest is None else lowest) - 1,
                     status=StepStatus.RUNNING,
                     decision={
                         "thought": "LangGraph checkpoint (not written yet)",
