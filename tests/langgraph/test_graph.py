@@ -11,35 +11,16 @@ import pytest
 pytest.importorskip("langgraph")
 pytest.importorskip("langchain_openai")
 
-from langchain_core.messages import HumanMessage, ToolMessage  # noqa: E402
+from langchain_core.messages import ToolMessage  # noqa: E402
 from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 
 from agentrun.integrations.langgraph import AgentrunSaver, run_id_for  # noqa: E402
 from agentrun.models import Run, Step  # noqa: E402
 from agentrun.store import snapshots  # noqa: E402
-from tests.fake_openai import FakeOpenAI, completion, tool_call  # noqa: E402
-from tests.langgraph.orders_graph import build_graph  # noqa: E402
 
 # The saver's puts may come from LangGraph's own threads (another database connection
 # than the test's): a transactional test, so they see each other's commits.
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def ran():
-    """The graph run once on thread `order-42`: a tool call, its result, the answer."""
-    saver = AgentrunSaver()
-    with FakeOpenAI() as fake:
-        fake.push(completion(tool_calls=[tool_call("lookup_order", {"order_id": "42"})]))
-        fake.push(completion("Your order 42 shipped on May 2."))
-        graph = build_graph(fake.base_url, saver)
-        config = {
-            "configurable": {"thread_id": "order-42"},
-            "metadata": {"customer": "acme", "channel": "chat"},
-        }
-        result = graph.invoke({"messages": [HumanMessage("Where is order 42?")]}, config)
-        assert len(fake.chat_requests()) == 2
-    return graph, config, result
 
 
 def test_a_thread_is_a_run_and_each_super_step_a_step(ran):

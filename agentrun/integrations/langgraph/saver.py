@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Min
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
@@ -429,7 +429,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         if run is not None:
             return run
         root = run_id_for(thread_id, "")
-        run = Run.objects.create(
+        new = Run(
             id=run_id,
             agent=AGENT,
             status=RunStatus.SUCCEEDED,
@@ -449,8 +449,13 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             started_at=now,
             finished_at=now,
         )
-        run_labels.store(run, _labels(thread_id, ns, config))
-        return run
+        try:
+            with transaction.atomic():  # a put and a write may both be the first
+                new.save(force_insert=True)
+                run_labels.store(new, _labels(thread_id, ns, config))
+        except IntegrityError:
+            pass  # the other one made it
+        return Run.objects.select_for_update().get(pk=run_id)
 
     def _step(self, run_id: Any, checkpoint_id: str, done: bool = True) -> Step | None:
         """The step of a checkpoint; with done=False also one that waits for its put."""
