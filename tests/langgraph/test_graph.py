@@ -17,6 +17,7 @@ from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 from agentrun.integrations.langgraph import AgentrunSaver, run_id_for  # noqa: E402
 from agentrun.models import Run, Step  # noqa: E402
 from agentrun.store import snapshots  # noqa: E402
+from tests.langgraph.orders_graph import lookup_order  # noqa: E402
 
 # The saver's puts may come from LangGraph's own threads (another database connection
 # than the test's): a transactional test, so they see each other's commits.
@@ -81,7 +82,7 @@ def test_the_debugger_shows_the_tool_steps_diff(ran, client_for):
     assert diff.status_code == 200
     text = diff.content.decode()
     assert "order 42: shipped on May 2" in text
-    assert "lookup_order" in text
+    assert lookup_order.name in text  # the tool message names its tool
     step = client.get(f"/runs/{run_id}/steps/4/").content.decode()
     assert "LangGraph checkpoint" in step
     listed = client.get("/?label=customer=acme").content.decode()
