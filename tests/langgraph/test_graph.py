@@ -145,3 +145,33 @@ def test_a_langgraph_application_outside_django_gets_agentruns_settings(tmp_path
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "agentrun.settings", "AgentrunSaver"]
+
+
+def test_a_subgraphs_namespace_is_a_child_run_of_the_thread():
+    from typing import TypedDict
+
+    class Text(TypedDict):
+        text: str
+
+    inner = StateGraph(Text)
+    inner.add_node("shout", lambda s: {"text": s["text"].upper()})
+    inner.add_edge(START, "shout")
+    outer = StateGraph(Text)
+    outer.add_node("inner", inner.compile())
+    outer.add_edge(START, "inner")
+    graph = outer.compile(checkpointer=AgentrunSaver())
+    assert graph.invoke({"text": "hi"}, {"configurable": {"thread_id": "sub"}}) == {"text": "HI"}
+
+    root = Run.objects.get(pk=run_id_for("sub"))
+    child = Run.objects.get(
+        agent="langgraph", input__thread_id="sub", input__thread_run=str(root.pk)
+    )
+    assert child.input["checkpoint_ns"].startswith("inner:")
+    assert child.pk == run_id_for("sub", child.input["checkpoint_ns"])
+    assert {label.key: label.value for label in child.labels.all()} == {
+        "langgraph.thread": "sub",
+        "langgraph.ns": "inner",
+    }
+    last = Step.objects.filter(run=child).order_by("-number").first()
+    assert snapshots.load(child.pk, last.number, "post")["text"] == "HI"
+    assert "shout" in last.decision["langgraph"]["nodes"]

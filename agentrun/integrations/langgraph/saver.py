@@ -574,7 +574,8 @@ def _labels(thread_id: str, ns: str, config: RunnableConfig) -> dict[str, str]:
         candidates.append((NAMESPACE_LABEL, ns.split("|")[-1].split(":")[0]))
     for source in (config.get("metadata") or {}, config.get("configurable") or {}):
         for key, value in source.items():
-            if key.startswith("__") or key in ("thread_id", "checkpoint_ns", "checkpoint_id"):
+            # LangGraph's own keys (langgraph_node, langgraph_step...) are on the steps.
+            if key.startswith(("__", "langgraph_", "checkpoint_")) or key == "thread_id":
                 continue
             if isinstance(value, bool | int | float | str):
                 candidates.append((str(key), str(value)))
