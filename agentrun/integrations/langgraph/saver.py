@@ -100,7 +100,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "") or ""
         parent_id = conf.get("checkpoint_id")
-        cp = dict(checkpoint)
+        cp: dict[str, Any] = dict(checkpoint)
         values = cp.pop("channel_values", None) or {}
         md = get_checkpoint_metadata(config, metadata)
         now = timezone.now()
@@ -115,16 +115,16 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 # The checkpoint's writes came first (LangGraph doesn't wait for a put
                 # to write the writes of the tasks it starts): they waited on a step of
                 # their own, numbered below the run's steps, which this step replaces.
-                early = waiting.decision
+                early = _decision(waiting)
                 waiting.delete()
             parent = self._step(run.pk, parent_id) if parent_id else None
-            parent_ser = parent.decision["langgraph_serialized"] if parent else {}
+            parent_ser = _decision(parent)["langgraph_serialized"] if parent else {}
             blob_at: dict[str, int] = {}
             missing = []
             for channel, version in cp["channel_versions"].items():
                 if channel in new_versions:
                     blob_at[channel] = number
-                elif parent and parent.decision["langgraph"]["channel_versions"].get(
+                elif parent and _decision(parent)["langgraph"]["channel_versions"].get(
                     channel
                 ) == plain(version):
                     if channel in parent_ser["blob_at"]:
@@ -144,7 +144,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 for channel in cp["channel_versions"]
                 if channel in values
             }
-            seen_before = parent.decision["langgraph"]["versions_seen"] if parent else {}
+            seen_before = _decision(parent)["langgraph"]["versions_seen"] if parent else {}
             seen = plain(cp.get("versions_seen", {}))
             nodes = sorted(
                 k for k, v in seen.items() if seen_before.get(k) != v and k != "__input__"
@@ -232,8 +232,8 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                         "langgraph_serialized": {"writes": []},
                     },
                 )
-            info = step.decision["langgraph"]
-            ser = step.decision["langgraph_serialized"]
+            info = _decision(step)["langgraph"]
+            ser = _decision(step)["langgraph_serialized"]
             index = {(w[0], w[1]): i for i, w in enumerate(ser["writes"])}
             for idx, (channel, value) in enumerate(writes):
                 key = (task_id, WRITES_IDX_MAP.get(channel, idx))
@@ -255,7 +255,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                     info["writes"].append(shown)
             info["interrupts"] = _interrupts(info)
             if step.status == StepStatus.SUCCEEDED:
-                step.decision["thought"] = _summary(info)
+                _decision(step)["thought"] = _summary(info)
             Step.objects.filter(pk=step.pk).update(decision=step.decision)
 
     def _delete_thread(self, thread_id: str) -> None:
@@ -283,15 +283,15 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             )
         if step is None:
             return None
-        needed = set(step.decision["langgraph_serialized"]["blob_at"].values()) - {step.number}
-        decisions = {step.number: step.decision}
+        needed = set(_decision(step)["langgraph_serialized"]["blob_at"].values()) - {step.number}
+        decisions: dict[int, Any] = {step.number: _decision(step)}
         if needed:
             decisions.update(
                 Step.objects.filter(run_id=run_id, number__in=needed).values_list(
                     "number", "decision"
                 )
             )
-        return self._tuple(conf["thread_id"], ns, step.decision, decisions)
+        return self._tuple(conf["thread_id"], ns, _decision(step), decisions)
 
     def _list(
         self,
@@ -464,7 +464,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             steps = steps.filter(status=StepStatus.SUCCEEDED)
         return steps.order_by("-number").first()
 
-    def _writers(self, run_id: Any, missing: list[tuple[str, Any]]) -> dict[str, int]:
+    def _writers(self, run_id: Any, missing: Sequence[tuple[str, Any]]) -> dict[str, int]:
         """The steps that wrote these (channel, version)s: a checkpoint whose parent is not
         given, or whose parent had other versions."""
         wanted = dict(missing)
@@ -547,6 +547,11 @@ def _connection_returned() -> Iterator[None]:
     finally:
         if not outer and threading.current_thread() is not threading.main_thread():
             connection.close()
+
+
+def _decision(step: Step) -> dict[str, Any]:
+    """A step's decision (the saver's steps always have one)."""
+    return step.decision or {}
 
 
 def _interrupts(info: dict[str, Any]) -> list[Any]:
