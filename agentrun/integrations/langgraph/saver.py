@@ -1,0 +1,595 @@
+"""The checkpoint saver: LangGraph threads as agentrun runs, checkpoints as steps.
+
+How the two models map:
+
+- A thread is a run, and each subgraph namespace of the thread (`checkpoint_ns`, e.g.
+  `child:<task id>`) a run of its own, a child run: its `input` names the thread, the
+  namespace and the thread's root run, and it carries the thread's labels. The run's id
+  is derived from (thread id, namespace) (`run_id_for`), so finding it is one lookup.
+- A checkpoint is a step, numbered in the order the checkpoints were put. Its pre
+  snapshot is the channel values of its parent checkpoint (nothing for the first), its
+  post snapshot its own channel values, both decoded to plain JSON (`plain`) in the
+  delta store, so the timeline, diffs, watches and search work on them.
+- A LangGraph branch (a checkpoint whose parent is not the one put before it: a replay
+  or an `update_state` from an older checkpoint) is a step too, its pre snapshot the
+  parent's state: the step's decision names the parent checkpoint.
+- The step's decision holds, for people, `langgraph`: the checkpoint and parent ids, the
+  nodes that ran in the super-step (those whose `versions_seen` changed), the
+  metadata, the pending writes and interrupts; and, for LangGraph,
+  `langgraph_serialized`: the checkpoint, its metadata, the channel values it wrote and
+  its pending writes as the saver's serializer (`serde`) wrote them, so LangGraph reads
+  back exactly what it stored. A channel value is stored once, in the step that wrote
+  its version; later steps point at that step.
+
+The run is left succeeded after each checkpoint (a thread has no end; it never waits for
+an agentrun worker, which could not run it).
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Min
+from django.utils import timezone
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import INTERRUPT
+
+from agentrun.integrations.langgraph.plain import plain
+from agentrun.lifecycle import labels as run_labels
+from agentrun.models import Run, RunStatus, Snapshot, Step, StepStatus
+from agentrun.store import snapshots
+
+#: The `agent` of every run this saver writes.
+AGENT = "langgraph"
+#: Label keys: the thread's id, and a subgraph run's namespace.
+THREAD_LABEL = "langgraph.thread"
+NAMESPACE_LABEL = "langgraph.ns"
+
+_RUN_IDS = uuid.UUID("5b0c3e0a-6f1d-4b8e-9a43-1f2ad6c1e0a7")
+
+
+def run_id_for(thread_id: Any, checkpoint_ns: str = "") -> uuid.UUID:
+    """The id of the run that holds a thread's checkpoints in one namespace."""
+    return uuid.uuid5(_RUN_IDS, f"{thread_id}\x00{checkpoint_ns}")
+
+
+def _packed(typed: tuple[str, bytes]) -> list[str]:
+    kind, data = typed
+    return [kind, base64.b64encode(data).decode()]
+
+
+def _unpacked(packed: Sequence[str]) -> tuple[str, bytes]:
+    return packed[0], base64.b64decode(packed[1])
+
+
+class AgentrunSaver(BaseCheckpointSaver[int]):
+    """A LangGraph checkpointer storing checkpoints in agentrun's database (the Django
+    project's: SQLite or PostgreSQL). Django must be set up before it is used."""
+
+    def __init__(self, *, serde: SerializerProtocol | None = None) -> None:
+        super().__init__(serde=serde)
+
+    # --- writing ----------------------------------------------------------------
+
+    def _put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        conf = config["configurable"]
+        thread_id = str(conf["thread_id"])
+        ns = conf.get("checkpoint_ns", "") or ""
+        parent_id = conf.get("checkpoint_id")
+        cp: dict[str, Any] = dict(checkpoint)
+        values = cp.pop("channel_values", None) or {}
+        md = get_checkpoint_metadata(config, metadata)
+        now = timezone.now()
+        with transaction.atomic():
+            run = self._run(thread_id, ns, config, now)
+            number, waiting = run.next_step, self._step(run.pk, cp["id"], done=False)
+            early: dict[str, Any] = {
+                "langgraph": {"writes": []},
+                "langgraph_serialized": {"writes": []},
+            }
+            if waiting is not None and waiting.status == StepStatus.RUNNING:
+                # The checkpoint's writes came first (LangGraph doesn't wait for a put
+                # to write the writes of the tasks it starts): they waited on a step of
+                # their own, numbered below the run's steps, which this step replaces.
+                early = _decision(waiting)
+                waiting.delete()
+            parent = self._step(run.pk, parent_id) if parent_id else None
+            parent_ser = _decision(parent)["langgraph_serialized"] if parent else {}
+            blob_at: dict[str, int] = {}
+            missing = []
+            for channel, version in cp["channel_versions"].items():
+                if channel in new_versions:
+                    blob_at[channel] = number
+                elif parent and _decision(parent)["langgraph"]["channel_versions"].get(
+                    channel
+                ) == plain(version):
+                    if channel in parent_ser["blob_at"]:
+                        blob_at[channel] = parent_ser["blob_at"][channel]
+                else:
+                    missing.append((channel, plain(version)))
+            if missing:
+                blob_at.update(self._writers(run.pk, missing))
+            blobs = {
+                channel: _packed(self.serde.dumps_typed(values[channel]))
+                if channel in values
+                else ["empty", ""]
+                for channel in new_versions
+            }
+            post_state = {
+                channel: plain(values[channel])
+                for channel in cp["channel_versions"]
+                if channel in values
+            }
+            seen_before = _decision(parent)["langgraph"]["versions_seen"] if parent else {}
+            seen = plain(cp.get("versions_seen", {}))
+            nodes = sorted(
+                k for k, v in seen.items() if seen_before.get(k) != v and k != "__input__"
+            )
+            info = {
+                "checkpoint_id": cp["id"],
+                "parent_checkpoint_id": parent_id,
+                "checkpoint_ns": ns,
+                "source": md.get("source"),
+                "step": md.get("step"),
+                "nodes": nodes,
+                "metadata": plain(md),
+                "channel_versions": plain(cp["channel_versions"]),
+                "versions_seen": seen,
+                "writes": early["langgraph"]["writes"],
+                "interrupts": [],
+            }
+            info["interrupts"] = _interrupts(info)
+            serialized = {
+                "checkpoint": _packed(self.serde.dumps_typed(cp)),
+                "metadata": _packed(self.serde.dumps_typed(md)),
+                "blobs": blobs,
+                "blob_at": blob_at,
+                "written": plain(dict(new_versions)),
+                "writes": early["langgraph_serialized"]["writes"],
+            }
+            size = self._snapshots(run, number, parent, post_state)
+            Step.objects.create(
+                run=run,
+                number=number,
+                status=StepStatus.SUCCEEDED,
+                attempts=1,
+                decision={
+                    "thought": _summary(info),
+                    "langgraph": info,
+                    "langgraph_serialized": serialized,
+                },
+                decided_at=now,
+                decision_count=1,
+                started_at=now,
+                finished_at=now,
+                duration_ms=0.0,
+                state_size=size,
+            )
+            Run.objects.filter(pk=run.pk).update(
+                next_step=number + 1, finished_at=now, updated_at=now
+            )
+        return {
+            "configurable": {
+                "thread_id": conf["thread_id"],
+                "checkpoint_ns": ns,
+                "checkpoint_id": cp["id"],
+            }
+        }
+
+    def _put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        conf = config["configurable"]
+        ns = conf.get("checkpoint_ns", "") or ""
+        run_id = run_id_for(conf["thread_id"], ns)
+        with transaction.atomic():
+            run = self._run(str(conf["thread_id"]), ns, config, timezone.now())
+            step = self._step(run_id, conf["checkpoint_id"], done=False)
+            if step is None:
+                # Writes of a checkpoint not put yet: they wait for the put on a step
+                # numbered below the run's first, so the steps stay in checkpoint order.
+                below = Step.objects.filter(run=run, number__lt=run.first_step)
+                lowest = below.aggregate(n=Min("number"))["n"]
+                step = Step.objects.create(
+                    run=run,
+                    number=(run.first_step if lowest is None else lowest) - 1,
+                    status=StepStatus.RUNNING,
+                    decision={
+                        "thought": "LangGraph checkpoint (not written yet)",
+                        "langgraph": {
+                            "checkpoint_id": conf["checkpoint_id"],
+                            "writes": [],
+                            "interrupts": [],
+                        },
+                        "langgraph_serialized": {"writes": []},
+                    },
+                )
+            info = _decision(step)["langgraph"]
+            ser = _decision(step)["langgraph_serialized"]
+            index = {(w[0], w[1]): i for i, w in enumerate(ser["writes"])}
+            for idx, (channel, value) in enumerate(writes):
+                key = (task_id, WRITES_IDX_MAP.get(channel, idx))
+                shown = {
+                    "task_id": task_id,
+                    "task_path": task_path,
+                    "channel": channel,
+                    "value": plain(value),
+                }
+                stored = [*key, channel, *_packed(self.serde.dumps_typed(value)), task_path]
+                if key in index:
+                    if key[1] >= 0:
+                        continue  # a task's regular writes are stored once
+                    ser["writes"][index[key]] = stored
+                    info["writes"][index[key]] = shown
+                else:
+                    index[key] = len(ser["writes"])
+                    ser["writes"].append(stored)
+                    info["writes"].append(shown)
+            info["interrupts"] = _interrupts(info)
+            if step.status == StepStatus.SUCCEEDED:
+                _decision(step)["thought"] = _summary(info)
+            Step.objects.filter(pk=step.pk).update(decision=step.decision)
+
+    def _delete_thread(self, thread_id: str) -> None:
+        with transaction.atomic():
+            runs = Run.objects.filter(agent=AGENT, input__thread_id=str(thread_id))
+            Snapshot.objects.filter(run__in=runs).delete()
+            Step.objects.filter(run__in=runs).delete()
+            runs.delete()
+
+    # --- reading ----------------------------------------------------------------
+
+    def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        conf = config["configurable"]
+        thread_id = str(conf["thread_id"])
+        ns = conf.get("checkpoint_ns", "") or ""
+        run_id = run_id_for(thread_id, ns)
+        checkpoint_id = get_checkpoint_id(config)
+        if checkpoint_id:
+            step = self._step(run_id, checkpoint_id)
+        else:
+            step = (
+                Step.objects.filter(run_id=run_id, status=StepStatus.SUCCEEDED)
+                .order_by("-number")
+                .first()
+            )
+        if step is None:
+            return None
+        needed = set(_decision(step)["langgraph_serialized"]["blob_at"].values()) - {step.number}
+        decisions: dict[int, Any] = {step.number: _decision(step)}
+        if needed:
+            decisions.update(
+                Step.objects.filter(run_id=run_id, number__in=needed).values_list(
+                    "number", "decision"
+                )
+            )
+        return self._tuple(conf["thread_id"], ns, _decision(step), decisions)
+
+    def _list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        runs = Run.objects.filter(agent=AGENT)
+        conf = (config or {}).get("configurable", {})
+        if "thread_id" in conf:
+            runs = runs.filter(input__thread_id=str(conf["thread_id"]))
+        if "checkpoint_ns" in conf:
+            runs = runs.filter(input__checkpoint_ns=conf["checkpoint_ns"] or "")
+        wanted_id = get_checkpoint_id(config) if config else None
+        before_id = get_checkpoint_id(before) if before else None
+        threads = dict(runs.values_list("pk", "input__thread_id"))
+        rows = Step.objects.filter(run__in=list(threads), status=StepStatus.SUCCEEDED).values_list(
+            "run_id", "number", "decision"
+        )
+        by_run: dict[Any, dict[int, Any]] = {}
+        for run_id, number, decision in rows:
+            by_run.setdefault(run_id, {})[number] = decision
+        found = []
+        for run_id, decisions in by_run.items():
+            for decision in decisions.values():
+                cid = decision["langgraph"]["checkpoint_id"]
+                if wanted_id and cid != wanted_id:
+                    continue
+                if before_id and cid >= before_id:
+                    continue
+                found.append((cid, run_id, decision))
+        found.sort(key=lambda f: f[0], reverse=True)
+        for _cid, run_id, decision in found:
+            if limit is not None and limit <= 0:
+                break
+            if filter:
+                md = self.serde.loads_typed(_unpacked(decision["langgraph_serialized"]["metadata"]))
+                if not all(md.get(k) == v for k, v in filter.items()):
+                    continue
+            if limit is not None:
+                limit -= 1
+            ns = decision["langgraph"]["checkpoint_ns"]
+            yield self._tuple(threads[run_id], ns, decision, by_run[run_id])
+
+    # --- the sync methods: each returns its thread's database connection when done ----
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        with _connection_returned():
+            return self._put(config, checkpoint, metadata, new_versions)
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        with _connection_returned():
+            self._put_writes(config, writes, task_id, task_path)
+
+    def delete_thread(self, thread_id: str) -> None:
+        with _connection_returned():
+            self._delete_thread(thread_id)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        with _connection_returned():
+            return self._get_tuple(config)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        with _connection_returned():
+            found = list(self._list(config, filter=filter, before=before, limit=limit))
+        yield from found
+
+    # --- async: the same work on a thread, as Django's ORM is synchronous ----------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await sync_to_async(self.get_tuple)(config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        found = await sync_to_async(
+            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
+        )()
+        for item in found:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await sync_to_async(self.put)(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await sync_to_async(self.put_writes)(config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await sync_to_async(self.delete_thread)(thread_id)
+
+    # --- helpers ----------------------------------------------------------------
+
+    def _run(self, thread_id: str, ns: str, config: RunnableConfig, now: Any) -> Run:
+        """The run of (thread, namespace), locked; made on the thread's first checkpoint."""
+        run_id = run_id_for(thread_id, ns)
+        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        if run is not None:
+            return run
+        root = run_id_for(thread_id, "")
+        new = Run(
+            id=run_id,
+            agent=AGENT,
+            status=RunStatus.SUCCEEDED,
+            phase="",
+            input={
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                **({"thread_run": str(root)} if ns else {}),
+                "config": plain(
+                    {
+                        k: v
+                        for k, v in config.get("configurable", {}).items()
+                        if not k.startswith("__") and k != "checkpoint_id"
+                    }
+                ),
+            },
+            started_at=now,
+            finished_at=now,
+        )
+        try:
+            with transaction.atomic():  # a put and a write may both be the first
+                new.save(force_insert=True)
+                run_labels.store(new, _labels(thread_id, ns, config))
+        except IntegrityError:
+            pass  # the other one made it
+        return Run.objects.select_for_update().get(pk=run_id)
+
+    def _step(self, run_id: Any, checkpoint_id: str, done: bool = True) -> Step | None:
+        """The step of a checkpoint; with done=False also one that waits for its put."""
+        steps = Step.objects.filter(run_id=run_id, decision__langgraph__checkpoint_id=checkpoint_id)
+        if done:
+            steps = steps.filter(status=StepStatus.SUCCEEDED)
+        return steps.order_by("-number").first()
+
+    def _writers(self, run_id: Any, missing: Sequence[tuple[str, Any]]) -> dict[str, int]:
+        """The steps that wrote these (channel, version)s: a checkpoint whose parent is not
+        given, or whose parent had other versions."""
+        wanted = dict(missing)
+        found: dict[str, int] = {}
+        rows = Step.objects.filter(run_id=run_id).order_by("-number")
+        for number, written in rows.values_list(
+            "number", "decision__langgraph_serialized__written"
+        ):
+            for channel, version in (written or {}).items():
+                if wanted.get(channel) == version and channel not in found:
+                    found[channel] = number
+            if len(found) == len(wanted):
+                break
+        return found
+
+    def _snapshots(
+        self, run: Run, number: int, parent: Step | None, post_state: dict[str, Any]
+    ) -> int:
+        """The step's pre (its parent checkpoint's values) and post snapshots."""
+        last = Snapshot.objects.filter(run=run).defer("data").order_by("-seq").first()
+        last_state = snapshots.load_state(last) if last is not None else None
+        if parent is not None and last is not None and parent.number == number - 1:
+            pre = snapshots.reference(run.pk, number, "pre", last)
+            pre_state = last_state
+        else:
+            pre_state = snapshots.load(run.pk, parent.number, "post") if parent else {}
+            pre, _ = snapshots.build(run.pk, number, "pre", pre_state, last, last_state)
+        pre.save()
+        post, _ = snapshots.build(run.pk, number, "post", post_state, pre, pre_state)
+        post.save()
+        return post.size
+
+    def _tuple(
+        self, thread_id: Any, ns: str, decision: dict[str, Any], decisions: dict[int, Any]
+    ) -> CheckpointTuple:
+        info, ser = decision["langgraph"], decision["langgraph_serialized"]
+        checkpoint = self.serde.loads_typed(_unpacked(ser["checkpoint"]))
+        values = {}
+        for channel, number in ser["blob_at"].items():
+            blob = decisions[number]["langgraph_serialized"]["blobs"].get(channel)
+            if blob is not None and blob[0] != "empty":
+                values[channel] = self.serde.loads_typed(_unpacked(blob))
+        checkpoint["channel_values"] = values
+        parent_id = info["parent_checkpoint_id"]
+        return CheckpointTuple(
+            config={
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": info["checkpoint_id"],
+                }
+            },
+            checkpoint=checkpoint,
+            metadata=self.serde.loads_typed(_unpacked(ser["metadata"])),
+            parent_config={
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": parent_id,
+                }
+            }
+            if parent_id
+            else None,
+            pending_writes=[
+                (task_id, channel, self.serde.loads_typed((kind, base64.b64decode(data))))
+                for task_id, _idx, channel, kind, data, _path in ser["writes"]
+            ],
+        )
+
+
+@contextmanager
+def _connection_returned() -> Iterator[None]:
+    """LangGraph calls a saver from threads of its own (a graph's background puts, an
+    executor's): each would keep a database connection for the thread's life, and a
+    connection pool runs dry. Outside a transaction of the caller's, a thread other than
+    the main one gives its connection back when the call is done."""
+    outer = connection.in_atomic_block
+    try:
+        yield
+    finally:
+        if not outer and threading.current_thread() is not threading.main_thread():
+            connection.close()
+
+
+def _decision(step: Step) -> dict[str, Any]:
+    """A step's decision (the saver's steps always have one)."""
+    return step.decision or {}
+
+
+def _interrupts(info: dict[str, Any]) -> list[Any]:
+    return [w["value"] for w in info["writes"] if w["channel"] == INTERRUPT]
+
+
+def _summary(info: dict[str, Any]) -> str:
+    """The step's one line on the run page: what ran, and an interrupt."""
+    source = info.get("source") or "checkpoint"
+    if info["nodes"]:
+        text = f"LangGraph {source} step {info.get('step')}: {', '.join(info['nodes'])} ran"
+    else:
+        text = f"LangGraph {source} step {info.get('step')}"
+    if info["interrupts"]:
+        text += f" · interrupted ({len(info['interrupts'])})"
+    return text
+
+
+def _labels(thread_id: str, ns: str, config: RunnableConfig) -> dict[str, str]:
+    """The run's labels: the thread's id (and namespace), then the config's metadata and
+    configurable values that make valid labels (strings, numbers, booleans)."""
+    out: dict[str, str] = {}
+    candidates = [(THREAD_LABEL, thread_id)]
+    if ns:
+        candidates.append((NAMESPACE_LABEL, ns.split("|")[-1].split(":")[0]))
+    for source in (config.get("metadata") or {}, config.get("configurable") or {}):
+        for key, value in source.items():
+            # LangGraph's own keys (langgraph_node, langgraph_step...) are on the steps.
+            if key.startswith(("__", "langgraph_", "checkpoint_")) or key == "thread_id":
+                continue
+            if isinstance(value, bool | int | float | str):
+                candidates.append((str(key), str(value)))
+    for key, value in candidates:
+        if len(out) >= run_labels.MAX_LABELS:
+            break
+        if key in out or key in run_labels.RESERVED_KEYS:
+            continue
+        if run_labels.key_problem(key) or run_labels.value_problem(key, value):
+            continue
+        out[key] = value
+    return out

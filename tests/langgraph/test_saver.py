@@ -1,0 +1,75 @@
+"""What the conformance suite doesn't ask: the order LangGraph really writes in, the
+plain JSON the debugger gets, the step numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("langgraph")
+
+from langchain_core.messages import AIMessage  # noqa: E402
+from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
+from langgraph.checkpoint.base.id import uuid6  # noqa: E402
+
+from agentrun.integrations.langgraph import AgentrunSaver, run_id_for  # noqa: E402
+from agentrun.integrations.langgraph.plain import plain  # noqa: E402
+from agentrun.models import Step  # noqa: E402
+from agentrun.store import snapshots  # noqa: E402
+
+pytestmark = pytest.mark.django_db
+
+
+def checkpoint(values: dict, versions: dict) -> dict:
+    cp = empty_checkpoint()
+    cp["id"] = str(uuid6(clock_seq=-1))
+    cp["channel_values"] = values
+    cp["channel_versions"] = versions
+    return cp
+
+
+def test_writes_that_come_before_their_checkpoint_wait_for_it():
+    """LangGraph puts a checkpoint in the background while the tasks it started already
+    write: the writes wait, and the steps stay numbered in checkpoint order."""
+    saver = AgentrunSaver()
+    config = {"configurable": {"thread_id": "early", "checkpoint_ns": ""}}
+    first = saver.put(
+        config, checkpoint({"n": 1}, {"n": 1}), {"source": "input", "step": -1}, {"n": 1}
+    )
+    second = checkpoint({"n": 2}, {"n": 2})
+    second_config = {"configurable": {**config["configurable"], "checkpoint_id": second["id"]}}
+    saver.put_writes(second_config, [("n", 3)], "task-1")
+    third = checkpoint({"n": 3}, {"n": 3})
+    third_config = {"configurable": {**config["configurable"], "checkpoint_id": third["id"]}}
+    saver.put_writes(third_config, [("n", 4)], "task-2")  # two checkpoints waiting
+    assert saver.get_tuple(second_config) is None  # not put yet
+    assert saver.get_tuple(config).config == first
+    stored = saver.put(first, second, {"source": "loop", "step": 0}, {"n": 2})
+    tup = saver.get_tuple(stored)
+    assert tup.pending_writes == [("task-1", "n", 3)]
+    assert tup.checkpoint["channel_values"] == {"n": 2}
+    steps = Step.objects.filter(run_id=run_id_for("early")).order_by("number")
+    assert [s.number for s in steps] == [-1, 1, 2]  # the third's writes still wait
+    saver.put(stored, third, {"source": "loop", "step": 1}, {"n": 3})
+    assert saver.get_tuple(third_config).pending_writes == [("task-2", "n", 4)]
+    assert [s.number for s in steps.all()] == [1, 2, 3]
+    assert steps[2].decision["langgraph"]["writes"][0]["value"] == 3
+
+
+def test_messages_are_plain_json_in_the_snapshots_and_objects_for_langgraph():
+    saver = AgentrunSaver()
+    config = {"configurable": {"thread_id": "msgs", "checkpoint_ns": ""}}
+    message = AIMessage(
+        "hello", id="m1", tool_calls=[{"name": "f", "args": {"x": b"\x00"}, "id": "c1"}]
+    )
+    stored = saver.put(
+        config, checkpoint({"messages": [message]}, {"messages": 1}), {"step": 0}, {"messages": 1}
+    )
+    post = snapshots.load(run_id_for("msgs"), 1, "post")
+    shown = post["messages"][0]
+    assert shown["type"] == "ai" and shown["content"] == "hello" and shown["id"] == "m1"
+    assert shown["tool_calls"][0]["args"] == {"x": {"base64": "AA=="}}
+    assert saver.get_tuple(stored).checkpoint["channel_values"]["messages"] == [message]
+
+
+def test_plain_shows_what_json_cannot_hold():
+    assert plain({1: {"a", "b"}, "t": (1, float("nan"))}) == {"1": ["a", "b"], "t": [1, "nan"]}
