@@ -1,11 +1,12 @@
-"""At a phone's width (390 px) the run list, the audit and the Now page are cards: each run's
-status, id, goal (or summary) and error in view, no table wider than its box; a step's
-attempts fit. At desktop width they are tables as before."""
+"""At a phone's width (390 px) the run list, the audit, the Now page and the batch pages are
+cards: each run's status, id, goal (or summary) and error in view, no table wider than its
+box; a step's attempts fit. At desktop width they are tables as before."""
 
 from __future__ import annotations
 
 import pytest
 
+from agentrun.lifecycle import batches
 from agentrun.lifecycle import labels as run_labels
 from agentrun.models import Run
 from tests.base import make_in_flight
@@ -65,7 +66,12 @@ def seen(people):
     Run.objects.create(agent="inventory", input={"sku": "SHELF-42-LEFT", "qty": 3})
     make_in_flight("acting", 2, worker="worker-host-with-a-long-name.example.internal:4242")
     make_in_flight("backoff", 1, waited=90.0)
-    return {"ok": ok, "failed": failed}
+    batch = batches.create(
+        {"status": "failed"},
+        name="INC-9: the warehouse outage of one long afternoon",
+        user=operator,
+    )
+    return {"ok": ok, "failed": failed, "batch": batch}
 
 
 def fits(found: dict) -> list[dict]:
@@ -77,7 +83,9 @@ def test_at_390_px_runs_audit_and_now_are_cards_with_nothing_off_to_the_side(
 ):
     with page_for(browser, live_server.url, *PHONE) as (page, watch):
         login(page, "olga")
-        for name, url in (("run-list", "/"), ("audit", "/audit/"), ("now", "/now/")):
+        pages = [("run-list", "/"), ("audit", "/audit/"), ("now", "/now/")]
+        pages += [("batches", "/batches/"), ("batch", f"/batches/{seen['batch'].pk}/")]
+        for name, url in pages:
             page.goto(url)
             settle(page)
             found = page.evaluate(WIDTHS)
