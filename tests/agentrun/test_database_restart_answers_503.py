@@ -190,8 +190,10 @@ def test_connections_the_server_closed_are_replaced_before_a_request_gets_one(si
         for thread in threads:
             thread.join()
     with connection.cursor() as cursor:
+        # With a timeout, pg_terminate_backend returns once each process has ended: the
+        # server has closed the connections before the next request.
         cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         assert cursor.fetchone()[0] >= 2  # gunicorn's pool held more than one
