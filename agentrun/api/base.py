@@ -48,6 +48,8 @@ ERROR_MEANINGS = {
     404: "No such run or snapshot (an invalid UUID is not found either).",
     409: "The action doesn't apply to the run as it is.",
     413: "The request body is larger than the server accepts.",
+    503: "The database is down or restarting; nothing was stored. Try again after the "
+    "seconds `Retry-After` gives.",
 }
 
 
@@ -203,6 +205,19 @@ class _Document(OpenAPISchema):
 
     def responses(self, operation: Operation) -> dict[int, Any]:
         result = super().responses(operation)
+        # Any operation may meet a database that is down (agentrun.infra.outage).
+        result.setdefault(
+            503,
+            {
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                "headers": {
+                    "Retry-After": {
+                        "description": "Seconds to wait before trying again.",
+                        "schema": {"type": "integer"},
+                    }
+                },
+            },
+        )
         for status, response in result.items():
             response["description"] = ERROR_MEANINGS.get(status, HTTPStatus(status).phrase)
         return result

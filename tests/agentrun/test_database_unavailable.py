@@ -48,6 +48,8 @@ def test_the_api_and_the_pages_answer_503_while_the_database_is_unreachable(
     page_client.force_login(people["viewer"])
     api_client = Client(raise_request_exception=False, HTTP_AUTHORIZATION=f"Bearer {token}")
     assert api_client.get("/api/runs").status_code == 200
+    paths = api_client.get("/api/openapi.json").json()["paths"]
+    documented = paths["/api/runs/{run_id}"]["get"]["responses"]["503"]
 
     unreachable()
     api = api_client.get(f"/api/runs/{run.pk}")
@@ -56,6 +58,11 @@ def test_the_api_and_the_pages_answer_503_while_the_database_is_unreachable(
     assert api.status_code == 503
     assert api["Retry-After"] == "5"
     assert api.json() == {"detail": MESSAGE}
+    # As the OpenAPI document says of every operation.
+    assert documented["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Error"
+    }
+    assert set(documented["headers"]) == {"Retry-After"}
     assert page.status_code == 503
     assert page["Retry-After"] == "5"
     html = page.content.decode()
