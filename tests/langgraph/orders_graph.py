@@ -3,6 +3,8 @@ a model node (LangChain's ChatOpenAI) that may call a tool, and a tool node."""
 
 from __future__ import annotations
 
+import os
+
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import START, MessagesState, StateGraph
@@ -31,3 +33,8 @@ def build_graph(base_url: str, saver: AgentrunSaver | None = None):
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
     return builder.compile(checkpointer=saver or AgentrunSaver())
+
+
+#: The graph as agentrun's workers load it (AGENTRUN_LANGGRAPH_GRAPHS names
+#: `tests.langgraph.orders_graph:graph`), its model at the URL the tests' fake serves.
+graph = build_graph(os.environ.get("ORDERS_GRAPH_OPENAI_URL", "http://127.0.0.1:9/v1"))

@@ -1,0 +1,98 @@
+"""Registered graphs executed by agentrun's engine, one super-step a step, in this
+process (the worker tests run them in real worker processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("langgraph")
+pytest.importorskip("langchain_openai")
+
+from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
+
+from agentrun.agents import InvalidInput  # noqa: E402
+from agentrun.integrations.langgraph import AgentrunSaver, run_id_for  # noqa: E402
+from agentrun.lifecycle import services  # noqa: E402
+from agentrun.models import Run, Step  # noqa: E402
+from agentrun.store import snapshots  # noqa: E402
+from tests.base import drive  # noqa: E402
+from tests.fake_openai import completion, tool_call  # noqa: E402
+from tests.langgraph.conftest import ORDERS  # noqa: E402
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_started_graph_runs_one_super_step_a_step(orders_fake):
+    orders_fake.push(completion(tool_calls=[tool_call("lookup_order", {"order_id": "7"})]))
+    orders_fake.push(completion("Order 7 shipped."))
+    run = services.start_run(
+        "langgraph",
+        {
+            "graph": ORDERS,
+            "thread_id": "durable-7",
+            "input": {"messages": [{"type": "human", "content": "Where is order 7?"}]},
+        },
+    )
+    assert run.pk == run_id_for("durable-7")
+    run = drive(run)
+    assert run.status == "succeeded", run.error
+    assert run.final_answer == "Order 7 shipped."
+    steps = list(Step.objects.filter(run=run).order_by("number"))
+    assert [s.decision["langgraph"]["nodes"] for s in steps] == [
+        [],
+        ["__start__"],
+        ["agent"],
+        ["tools"],
+        ["agent"],
+    ]
+    post = snapshots.load(run.pk, steps[-1].number, "post")
+    assert [m["type"] for m in post["messages"]] == ["human", "ai", "tool", "ai"]
+    # LangGraph reads the thread back through the saver, with its own objects.
+    state = orders_graph_state("durable-7")
+    assert isinstance(state.values["messages"][2], ToolMessage)
+    assert state.values["messages"][-1].content == "Order 7 shipped."
+    assert len(orders_fake.chat_requests()) == 2
+
+
+def orders_graph_state(thread: str):
+    from agentrun.integrations.langgraph.driven import graph_named
+
+    graph = graph_named(ORDERS).copy(update={"checkpointer": AgentrunSaver()})
+    return graph.get_state({"configurable": {"thread_id": thread}})
+
+
+def test_a_fork_with_an_edited_message_goes_on_from_the_edit(ran_orders, orders_fake):
+    parent = Run.objects.get(pk=run_id_for("order-42"))
+    # Step 4 ran the tool; fork from its post snapshot with the tool's answer edited.
+    state = snapshots.load(parent.pk, 4, "post")
+    state["messages"][2]["content"] = "order 42: lost in transit"
+    orders_fake.push(completion("Order 42 was lost; we are sending another."))
+    fork = services.fork_run(parent, step=4, at="post", state=state, mode="live")
+    assert fork.parent_id == parent.pk
+    thread = fork.input["thread_id"]
+    assert thread.startswith("order-42~") and fork.pk == run_id_for(thread)
+    fork = drive(fork)
+    assert fork.status == "succeeded", fork.error
+    assert fork.final_answer == "Order 42 was lost; we are sending another."
+    # The model saw the edited tool message.
+    sent = orders_fake.chat_requests()[-1].json["messages"]
+    assert sent[-1]["content"] == "order 42: lost in transit"
+    values = orders_graph_state(thread).values["messages"]
+    assert isinstance(values[1], AIMessage) and isinstance(values[2], ToolMessage)
+    assert values[2].content == "order 42: lost in transit"
+    assert values[2].tool_call_id == "call_1"
+    # The parent is unchanged.
+    assert snapshots.load(parent.pk, 4, "post")["messages"][2]["content"] == (
+        "order 42: shipped on May 2"
+    )
+
+
+def test_an_unregistered_graph_is_refused_and_nothing_is_made(ran_orders, settings):
+    settings.AGENTRUN_LANGGRAPH_GRAPHS = []
+    parent = Run.objects.get(pk=run_id_for("order-42"))
+    before = Run.objects.count()
+    with pytest.raises(services.ForkError, match="AGENTRUN_LANGGRAPH_GRAPHS"):
+        services.fork_run(parent, step=4, at="post")
+    with pytest.raises(InvalidInput, match="not registered"):
+        services.start_run("langgraph", {"graph": ORDERS, "thread_id": "x"})
+    assert Run.objects.count() == before
