@@ -159,6 +159,9 @@ class Agent:
     name: str = ""
     description: str = ""
     tools: tuple[str, ...] = ()
+    #: A recorded fork of this agent's runs reuses the parent's decisions while the
+    #: states match (False: the agent replays its parent's record itself).
+    replays_decisions: bool = True
 
     @property
     def version(self) -> str:

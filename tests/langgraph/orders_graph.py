@@ -10,7 +10,7 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from agentrun.integrations.langgraph import AgentrunSaver
+from agentrun.integrations.langgraph import AgentrunSaver, recorded_model, recorded_tool
 
 
 @tool
@@ -21,14 +21,15 @@ def lookup_order(order_id: str) -> str:
 
 def build_graph(base_url: str, saver: AgentrunSaver | None = None):
     model = ChatOpenAI(model="fake-model", base_url=base_url, api_key="sk-test", max_retries=0)
-    model = model.bind_tools([lookup_order])
+    # Wrapped, so a sandbox or recorded fork answers from the parent's record.
+    model = recorded_model(model.bind_tools([lookup_order]))
 
     def agent(state: MessagesState) -> dict:
         return {"messages": [model.invoke(state["messages"])]}
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
-    builder.add_node("tools", ToolNode([lookup_order]))
+    builder.add_node("tools", ToolNode([recorded_tool(lookup_order)]))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")

@@ -96,3 +96,80 @@ def test_an_unregistered_graph_is_refused_and_nothing_is_made(ran_orders, settin
     with pytest.raises(InvalidInput, match="not registered"):
         services.start_run("langgraph", {"graph": ORDERS, "thread_id": "x"})
     assert Run.objects.count() == before
+
+
+def test_a_recorded_fork_answers_from_the_parents_record(ran_orders, orders_fake):
+    """Unedited, a recorded fork from before the tool step re-executes the tool and model
+    nodes, and both answer from the parent's record: no request reaches the model."""
+    parent = Run.objects.get(pk=run_id_for("order-42"))
+    asked = len(orders_fake.chat_requests())
+    fork = drive(services.fork_run(parent, step=4, at="pre", mode="recorded"))
+    assert fork.status == "succeeded", fork.error
+    assert len(orders_fake.chat_requests()) == asked
+    assert fork.final_answer == "Your order 42 shipped on May 2."
+    assert fork.divergence_step is None
+    for n in (4, 5):
+        assert snapshots.load(fork.pk, n, "post") == snapshots.load(parent.pk, n, "post")
+    from debugger.compare import align
+
+    assert align(parent, fork).first_divergence is None
+
+
+def test_a_recorded_fork_diverges_where_its_state_is_edited(ran_orders, orders_fake):
+    parent = Run.objects.get(pk=run_id_for("order-42"))
+    state = snapshots.load(parent.pk, 4, "post")
+    state["messages"][2]["content"] = "order 42: lost in transit"
+    orders_fake.push(completion("Order 42 was lost."))
+    fork = drive(services.fork_run(parent, step=4, at="post", state=state, mode="recorded"))
+    assert fork.status == "succeeded", fork.error
+    assert fork.divergence_step == 5
+    assert fork.final_answer == "Order 42 was lost."  # asked the model, past the divergence
+    assert fork.events.filter(kind="diverged", step=5).exists()
+
+
+def test_a_sandbox_fork_runs_no_tool(ran_orders, orders_fake):
+    """The model asked for another order: in a sandbox the tool is not run; the parent
+    has no result for that call, so the tool's message says it was skipped."""
+    from agentrun.integrations.langgraph.recorded import SKIPPED
+
+    parent = Run.objects.get(pk=run_id_for("order-42"))
+    state = snapshots.load(parent.pk, 3, "post")
+    state["messages"][1]["tool_calls"][0]["args"]["order_id"] = "43"
+    orders_fake.push(completion("I could not look order 43 up."))
+    fork = drive(services.fork_run(parent, step=3, at="post", state=state, mode="sandbox"))
+    assert fork.status == "succeeded", fork.error
+    tool_message = snapshots.load(fork.pk, 4, "post")["messages"][2]
+    assert tool_message["content"] == SKIPPED.format(tool="lookup_order")
+    assert fork.final_answer == "I could not look order 43 up."
+
+    # The same call as the parent's answers with the parent's result, without running.
+    orders_fake.push(completion("Shipped."))  # a sandbox asks the model
+    same = drive(services.fork_run(parent, step=4, at="pre", mode="sandbox"))
+    assert same.status == "succeeded" and same.final_answer == "Shipped.", same.error
+    assert snapshots.load(same.pk, 4, "post")["messages"][2]["content"] == (
+        "order 42: shipped on May 2"
+    )
+
+
+def test_the_startrun_and_fork_commands(orders_fake, ran_orders):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    orders_fake.push(completion("Hello."))
+    call_command(
+        "startrun",
+        "langgraph",
+        "--input",
+        '{"graph": "%s", "thread_id": "cli-1", "input": {"messages": [["human", "hi"]]}}'
+        % ORDERS,
+        stdout=out,
+    )
+    run = drive(Run.objects.get(pk=run_id_for("cli-1")))
+    assert run.status == "succeeded" and run.final_answer == "Hello."
+    parent = Run.objects.get(pk=run_id_for("order-42"))
+    out = StringIO()
+    call_command("fork", str(parent.pk), "4", "--at", "pre", "--mode", "recorded", stdout=out)
+    fork = drive(Run.objects.get(pk=out.getvalue().split()[0]))
+    assert fork.status == "succeeded" and fork.parent_id == parent.pk

@@ -127,6 +127,9 @@ class LangGraphAgent(Agent):
 
     name = AGENT
     description = "A registered LangGraph graph, one super-step a step"
+    # A recorded fork re-executes the graph's nodes: its wrapped model and tools answer
+    # from the parent's record (agentrun.integrations.langgraph.recorded).
+    replays_decisions = False
 
     def __init__(self) -> None:
         self.serde = JsonPlusSerializer()
@@ -203,7 +206,9 @@ class LangGraphAgent(Agent):
         config = _config(thread)
         memory = _Memory(serde=self.serde)
         driven = graph.copy(update={"checkpointer": memory})
-        run = Run.objects.only("mode", "parent_id", "first_step").get(pk=ctx.run_id)
+        run = Run.objects.only("mode", "parent_id", "first_step", "divergence_step").get(
+            pk=ctx.run_id
+        )
         first = ctx.step == run.first_step
         previous = None if first else self._previous(ctx.run_id, ctx.step)
         graph_input: Any = None
