@@ -173,3 +173,53 @@ def test_the_startrun_and_fork_commands(orders_fake, ran_orders):
     call_command("fork", str(parent.pk), "4", "--at", "pre", "--mode", "recorded", stdout=out)
     fork = drive(Run.objects.get(pk=out.getvalue().split()[0]))
     assert fork.status == "succeeded" and fork.parent_id == parent.pk
+
+
+def test_the_api_refuses_unregistered_graphs_with_4xx_and_writes_nothing(
+    ran_orders, settings, monkeypatch
+):
+    from django.test import Client
+
+    from agentrun import agents
+    from agentrun.models import ApiToken, Event
+    from tests.base import make_people
+
+    operator = make_people()["operator"]
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {ApiToken.issue(operator)}")
+    parent = Run.objects.get(pk=run_id_for("order-42"))
+    runs, events = Run.objects.count(), Event.objects.count()
+
+    def fork():
+        return api.post(
+            f"/api/runs/{parent.pk}/fork",
+            {"step": 4, "at": "post", "mode": "live"},
+            content_type="application/json",
+        )
+
+    def start(graph):
+        return api.post(
+            "/api/runs",
+            {"agent": "langgraph", "input": {"graph": graph, "thread_id": "new-1"}},
+            content_type="application/json",
+        )
+
+    settings.AGENTRUN_LANGGRAPH_GRAPHS = []  # the agent is there, no graph is registered
+    refused = fork()
+    assert refused.status_code == 400, refused.content
+    assert "AGENTRUN_LANGGRAPH_GRAPHS" in refused.json()["detail"]
+    refused = start(ORDERS)
+    assert refused.status_code == 400 and "is not registered" in refused.json()["detail"]
+    # A deployment that registers no graph at all has no `langgraph` agent.
+    monkeypatch.delitem(agents.AGENTS, "langgraph")
+    refused = fork()
+    assert refused.status_code == 409, refused.content
+    assert "AGENTRUN_LANGGRAPH_GRAPHS" in refused.json()["detail"]
+    assert start(ORDERS).status_code == 400
+    assert (Run.objects.count(), Event.objects.count()) == (runs, events)
+
+
+def test_a_thread_that_has_a_run_is_not_started_again(orders_fake, ran_orders):
+    with pytest.raises(InvalidInput, match="has a run already"):
+        services.start_run("langgraph", {"graph": ORDERS, "thread_id": "order-42"})
+    with pytest.raises(InvalidInput, match="unknown input field"):
+        services.start_run("langgraph", {"graph": ORDERS, "thread_id": "t", "inputs": {}})
