@@ -4,6 +4,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from agentrun.integrations.langgraph import AgentrunSaver
+from tests.agentrun.conftest import start_worker  # noqa: F401 - real worker processes
 from tests.debugger.conftest import client_for, people  # noqa: F401 - the debugger's logins
 from tests.fake_openai import FakeOpenAI, completion, tool_call
 from tests.langgraph.orders_graph import build_graph

@@ -46,7 +46,7 @@ def test_a_langgraph_thread_reads_in_the_debugger(ran, people, live_server, brow
 def test_a_fork_with_an_edited_message_runs_in_a_worker_and_compares(
     ran_orders, orders_fake, people, live_server, browser, tmp_path, settings
 ):
-    """"Replay from here" on a LangGraph thread's tool step, with the tool's answer edited
+    """ "Replay from here" on a LangGraph thread's tool step, with the tool's answer edited
     in the fork form: a worker runs the graph on from the edit, and the compare page
     shows where the fork first differs from its parent."""
     import json

@@ -3,6 +3,8 @@ process (the worker tests run them in real worker processes)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("langgraph")
@@ -162,8 +164,9 @@ def test_the_startrun_and_fork_commands(orders_fake, ran_orders):
         "startrun",
         "langgraph",
         "--input",
-        '{"graph": "%s", "thread_id": "cli-1", "input": {"messages": [["human", "hi"]]}}'
-        % ORDERS,
+        json.dumps(
+            {"graph": ORDERS, "thread_id": "cli-1", "input": {"messages": [["human", "hi"]]}}
+        ),
         stdout=out,
     )
     run = drive(Run.objects.get(pk=run_id_for("cli-1")))

@@ -16,7 +16,6 @@ from agentrun.integrations.langgraph import AgentrunSaver, driven, run_id_for  #
 from agentrun.lifecycle import services  # noqa: E402
 from agentrun.models import ApiToken, Run, Step  # noqa: E402
 from agentrun.store import snapshots  # noqa: E402
-from tests.agentrun.conftest import start_worker  # noqa: E402, F401 - real workers
 from tests.base import make_people  # noqa: E402
 from tests.fake_openai import completion  # noqa: E402
 from tests.langgraph.conftest import ORDERS  # noqa: E402

@@ -25,6 +25,7 @@ from typing import Any
 
 from django.conf import settings
 from langchain_core.messages import BaseMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
@@ -75,7 +76,9 @@ def graph_named(name: Any) -> Any:
 def graph_for_channels(channels: set[str]) -> str:
     """The one registered graph whose channels hold a checkpoint's: a thread written by
     a LangGraph application doesn't say which graph wrote it."""
-    fits = [n for n in settings.AGENTRUN_LANGGRAPH_GRAPHS if channels <= set(graph_named(n).channels)]
+    fits = [
+        n for n in settings.AGENTRUN_LANGGRAPH_GRAPHS if channels <= set(graph_named(n).channels)
+    ]
     if len(fits) == 1:
         return fits[0]
     if not fits:
@@ -94,8 +97,11 @@ class _Memory(InMemorySaver):
         return AgentrunSaver.get_next_version(self, current, channel)  # type: ignore[arg-type]
 
 
-def _config(thread_id: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+def _config(thread_id: str, checkpoint_id: str | None = None) -> RunnableConfig:
+    conf = {"thread_id": thread_id, "checkpoint_ns": ""}
+    if checkpoint_id is not None:
+        conf["checkpoint_id"] = checkpoint_id
+    return {"configurable": conf}
 
 
 def revive(original: Any, edited: Any) -> Any:
@@ -220,8 +226,9 @@ class LangGraphAgent(Agent):
             seed = None
             graph_input = input.get("input")
         else:
+            assert previous is not None
             seed = AgentrunSaver(serde=self.serde).get_tuple(
-                {"configurable": {**config["configurable"], "checkpoint_id": previous["checkpoint_id"]}}
+                _config(thread, previous["checkpoint_id"])
             )
             self._put_seed(memory, seed, config)
         seed_id = seed.checkpoint["id"] if seed is not None else None
@@ -246,14 +253,16 @@ class LangGraphAgent(Agent):
         return self._decision(ctx.step, made, seed, previous, forked_from, first, more)
 
     def _previous(self, run_id: Any, number: int) -> dict[str, Any]:
-        row = Step.objects.filter(run_id=run_id, number=number - 1).values_list("decision", flat=True)
+        row = Step.objects.filter(run_id=run_id, number=number - 1).values_list(
+            "decision", flat=True
+        )
         decision = row.first() or {}
         if "langgraph" not in decision:
             raise AgentError(f"step {number - 1} of this thread holds no LangGraph checkpoint")
         return {**decision["langgraph"], "blob_at": decision["langgraph_serialized"]["blob_at"]}
 
-    def _put_seed(self, memory: InMemorySaver, seed: Any, config: dict[str, Any]) -> None:
-        checkpoint = dict(seed.checkpoint)
+    def _put_seed(self, memory: InMemorySaver, seed: Any, config: RunnableConfig) -> None:
+        checkpoint = seed.checkpoint.copy()
         stored = memory.put(config, checkpoint, seed.metadata, dict(checkpoint["channel_versions"]))
         by_task: dict[str, list[tuple[str, Any]]] = {}
         for task_id, channel, value in seed.pending_writes or []:
@@ -267,20 +276,14 @@ class LangGraphAgent(Agent):
         driven: Any,
         input: dict[str, Any],
         state: dict[str, Any],
-        config: dict[str, Any],
+        config: RunnableConfig,
     ) -> Any:
         """The parent's checkpoint in the fork's thread, with the edits (the channels whose
         value differs from the parent's) applied by update_state: the graph's reducers
         apply them as they apply any update."""
         source = input["fork"]
         parent = AgentrunSaver(serde=self.serde).get_tuple(
-            {
-                "configurable": {
-                    "thread_id": source["thread_id"],
-                    "checkpoint_ns": "",
-                    "checkpoint_id": source["checkpoint_id"],
-                }
-            }
+            _config(source["thread_id"], source["checkpoint_id"])
         )
         if parent is None:
             raise AgentError(f"the parent's checkpoint {source['checkpoint_id']} is gone")

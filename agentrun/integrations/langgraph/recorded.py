@@ -229,9 +229,7 @@ class _RecordedTool(BaseTool):
         content = SKIPPED.format(tool=self.name) if found is None else found.content
         return ToolMessage(content=content, tool_call_id=call["id"], name=self.name)
 
-    async def ainvoke(
-        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Any:
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if _current.get() is None or self.kind == "read":
             return await self.tool.ainvoke(input, config, **kwargs)
         return await run_in_executor(None, self.invoke, input, config, **kwargs)
