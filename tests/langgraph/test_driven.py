@@ -226,3 +226,33 @@ def test_a_thread_that_has_a_run_is_not_started_again(orders_fake, ran_orders):
         services.start_run("langgraph", {"graph": ORDERS, "thread_id": "order-42"})
     with pytest.raises(InvalidInput, match="unknown input field"):
         services.start_run("langgraph", {"graph": ORDERS, "thread_id": "t", "inputs": {}})
+
+
+def test_a_graph_with_a_channel_named_like_a_secret_fails_its_step_saying_why(settings):
+    """Its checkpoint's record would be redacted on the way to the database."""
+    settings.AGENTRUN_LANGGRAPH_GRAPHS = ["tests.langgraph.test_driven:TOKEN_GRAPH"]
+    run = drive(
+        services.start_run(
+            "langgraph",
+            {"graph": settings.AGENTRUN_LANGGRAPH_GRAPHS[0], "thread_id": "tok", "input": {}},
+        )
+    )
+    assert run.status == "failed"
+    assert "'api_token' is named like a secret" in run.error
+
+
+def _token_graph():
+    from typing import TypedDict
+
+    from langgraph.graph import START, StateGraph
+
+    class State(TypedDict):
+        api_token: str
+
+    builder = StateGraph(State)
+    builder.add_node("use", lambda s: {"api_token": "x"})
+    builder.add_edge(START, "use")
+    return builder.compile()
+
+
+TOKEN_GRAPH = _token_graph()

@@ -30,6 +30,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from agentrun.agents import Agent, AgentError, Decision, InvalidInput, register
+from agentrun.engine import release_connection
 from agentrun.integrations.langgraph import recorded
 from agentrun.integrations.langgraph.plain import plain
 from agentrun.integrations.langgraph.saver import (
@@ -43,6 +44,7 @@ from agentrun.integrations.langgraph.saver import (
     run_id_for,
 )
 from agentrun.models import Run, Step
+from agentrun.security.redact import is_secret_key
 
 #: A thread id's longest; a fork's thread is its parent's with a suffix.
 MAX_THREAD_ID = 200
@@ -208,6 +210,14 @@ class LangGraphAgent(Agent):
     def decide(self, state: dict[str, Any], ctx: Any) -> Decision:
         input = ctx.input
         graph = graph_named(input["graph"])
+        secret = sorted(c for c in graph.channels if is_secret_key(c))
+        if secret:
+            # The engine redacts a decision before storing it: the checkpoint's record
+            # of such a channel would be hidden, and LangGraph could not read it back.
+            raise AgentError(
+                f"the graph's channel {secret[0]!r} is named like a secret, and agentrun "
+                "redacts the values of such keys: rename it to run the graph here"
+            )
         thread = input["thread_id"]
         config = _config(thread)
         memory = _Memory(serde=self.serde)
@@ -233,6 +243,8 @@ class LangGraphAgent(Agent):
             self._put_seed(memory, seed, config)
         seed_id = seed.checkpoint["id"] if seed is not None else None
         with recorded.answering(run, ctx.step):
+            # The graph's model and tool calls may take long: no connection meanwhile.
+            release_connection()
             stream = driven.stream(
                 graph_input, config, stream_mode="checkpoints", durability="sync"
             )

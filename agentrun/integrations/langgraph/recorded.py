@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django.db import transaction
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import run_in_executor
@@ -44,52 +45,66 @@ _current: contextvars.ContextVar[_Replay | None] = contextvars.ContextVar(
 
 
 class _Replay:
-    """What one step of a fork may answer from its parent's record."""
+    """What one step of a fork may answer from its parent's record, read before the
+    graph runs: the graph's nodes run on LangGraph's threads, which touch no database."""
 
     def __init__(self, run: Any, step: int, recorded: bool, parent_thread: str) -> None:
         self.run, self.step = run, step
         self.recorded = recorded  # answering models from the record (not diverged)
         self.parent_thread = parent_thread
+        self.diverged: str | None = None  # why, when this step diverged
         self._lock = threading.Lock()
-        self._answers: list[AIMessage] | None = None
-        self._results: dict[tuple[str, str], ToolMessage] | None = None
+        self._answers: list[AIMessage] = []
+        self._results: dict[tuple[str, str], ToolMessage] = {}
+
+    def load(self) -> None:
+        if self.recorded:
+            self._answers = _parent_answers(self.run.parent_id, self.parent_thread, self.step)
+        self._results = _parent_results(self.parent_thread)
 
     def model_answer(self) -> AIMessage | None:
         """The next message the parent's model gave at this step, if any is left."""
         with self._lock:
-            if self._answers is None:
-                self._answers = _parent_answers(self.run.parent_id, self.parent_thread, self.step)
             return self._answers.pop(0) if self._answers else None
 
     def tool_result(self, name: str, args: Any) -> ToolMessage | None:
         """The parent's tool message for the same call, or None."""
-        with self._lock:
-            if self._results is None:
-                self._results = _parent_results(self.run.parent_id, self.parent_thread)
-            return self._results.get((name, _key(args)))
+        return self._results.get((name, _key(args)))
 
     def diverge(self, reason: str) -> None:
-        """The fork's first step whose state is not the parent's: on record, once."""
-        from agentrun.audit.events import record_event
-        from agentrun.models import Run
-
-        self.recorded = False
-        marked = Run.objects.filter(pk=self.run.pk, divergence_step__isnull=True).update(
-            divergence_step=self.step
-        )
-        if marked:
-            record_event("diverged", run=self.run, step=self.step, payload={"reason": reason})
+        """From here on, the fork is not the parent's: noted now, stored by `answering`."""
+        with self._lock:
+            self.recorded = False
+            self.diverged = self.diverged or reason
 
 
 @contextmanager
 def answering(run: Any, step: int) -> Iterator[None]:
-    """The fork modes for the graph's wrapped model and tool calls during one step."""
+    """The fork modes for the graph's wrapped model and tool calls during one step; the
+    step's divergence, if it diverged, is on record when the step's super-step is done."""
     replay = _replay_for(run, step)
+    if replay is not None:
+        replay.load()
     token = _current.set(replay)
     try:
         yield
     finally:
         _current.reset(token)
+    if replay is not None and replay.diverged:
+        _mark_divergence(run, step, replay.diverged)
+
+
+def _mark_divergence(run: Any, step: int, reason: str) -> None:
+    """The fork's first step whose state is not the parent's: on record, once."""
+    from agentrun.audit.events import record_event
+    from agentrun.models import Run
+
+    with transaction.atomic():
+        marked = Run.objects.filter(pk=run.pk, divergence_step__isnull=True).update(
+            divergence_step=step
+        )
+        if marked:
+            record_event("diverged", run=run, step=step, payload={"reason": reason})
 
 
 def _replay_for(run: Any, step: int) -> _Replay | None:
@@ -152,7 +167,7 @@ def _parent_answers(parent_id: Any, thread: str, step: int) -> list[AIMessage]:
     ]
 
 
-def _parent_results(parent_id: Any, thread: str) -> dict[tuple[str, str], ToolMessage]:
+def _parent_results(thread: str) -> dict[tuple[str, str], ToolMessage]:
     """The parent thread's tool messages, by (tool, arguments): its latest checkpoint's."""
     from agentrun.integrations.langgraph.saver import AgentrunSaver
 
