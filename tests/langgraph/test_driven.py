@@ -256,3 +256,37 @@ def _token_graph():
 
 
 TOKEN_GRAPH = _token_graph()
+
+
+def test_a_graph_whose_nodes_are_coroutines_runs_too(settings):
+    settings.AGENTRUN_LANGGRAPH_GRAPHS = ["tests.langgraph.test_driven:ASYNC_GRAPH"]
+    run = drive(
+        services.start_run(
+            "langgraph",
+            {"graph": settings.AGENTRUN_LANGGRAPH_GRAPHS[0], "thread_id": "co", "input": {"n": 1}},
+        )
+    )
+    assert run.status == "succeeded", run.error
+    assert snapshots.load(run.pk, run.next_step - 1, "post")["n"] == 4
+
+
+def _async_graph():
+    from typing import TypedDict
+
+    from langgraph.graph import START, StateGraph
+
+    class State(TypedDict):
+        n: int
+
+    async def double(s):
+        return {"n": s["n"] * 2}
+
+    builder = StateGraph(State)
+    builder.add_node("once", double)
+    builder.add_node("twice", double)
+    builder.add_edge(START, "once")
+    builder.add_edge("once", "twice")
+    return builder.compile()
+
+
+ASYNC_GRAPH = _async_graph()

@@ -18,6 +18,7 @@ runs the super-step again from the committed checkpoint (its pre snapshot).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from importlib import import_module
@@ -245,17 +246,7 @@ class LangGraphAgent(Agent):
         with recorded.answering(run, ctx.step):
             # The graph's model and tool calls may take long: no connection meanwhile.
             release_connection()
-            stream = driven.stream(
-                graph_input, config, stream_mode="checkpoints", durability="sync"
-            )
-            more = False
-            try:
-                for event in stream:
-                    if event["config"]["configurable"]["checkpoint_id"] != seed_id:
-                        more = bool(event["next"])  # the nodes it has left to run
-                        break
-            finally:
-                stream.close()
+            more = asyncio.run(_one_super_step(driven, graph_input, config, seed_id))
         made = memory.get_tuple(config)
         if made is None or made.checkpoint["id"] == seed_id:
             raise AgentError(
@@ -398,6 +389,20 @@ class LangGraphAgent(Agent):
             elif channel in state:
                 out[channel] = state[channel]
         return out
+
+
+async def _one_super_step(graph: Any, graph_input: Any, config: RunnableConfig, seed: Any) -> bool:
+    """Run the graph until it has written a checkpoint after `seed`; whether the graph has
+    nodes left to run. Async, so graphs whose nodes are coroutines run too (LangGraph runs
+    plain functions on its threads)."""
+    stream = graph.astream(graph_input, config, stream_mode="checkpoints", durability="sync")
+    try:
+        async for event in stream:
+            if event["config"]["configurable"]["checkpoint_id"] != seed:
+                return bool(event["next"])  # the nodes it has left to run
+    finally:
+        await stream.aclose()
+    return False
 
 
 def _final_text(values: dict[str, Any]) -> str:

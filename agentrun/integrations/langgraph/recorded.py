@@ -210,13 +210,24 @@ class _RecordedModel(Runnable):
         self.bound = bound
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        replay = _current.get()
-        if replay is not None and replay.recorded:
-            answer = replay.model_answer()
-            if answer is not None:
-                return answer
-            replay.diverge("the parent's model gave no more answers at this step")
-        return self.bound.invoke(input, config, **kwargs)
+        answer = _recorded_answer()
+        return answer if answer is not None else self.bound.invoke(input, config, **kwargs)
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        answer = _recorded_answer()
+        if answer is not None:
+            return answer
+        return await self.bound.ainvoke(input, config, **kwargs)
+
+
+def _recorded_answer() -> AIMessage | None:
+    replay = _current.get()
+    if replay is None or not replay.recorded:
+        return None
+    answer = replay.model_answer()
+    if answer is None:
+        replay.diverge("the parent's model gave no more answers at this step")
+    return answer
 
 
 def recorded_model(model: Runnable) -> Runnable:
