@@ -55,6 +55,12 @@ def test_a_started_graph_runs_one_super_step_a_step(orders_fake):
     assert state.values["messages"][-1].content == "Order 7 shipped."
     assert len(orders_fake.chat_requests()) == 2
 
+    # A recorded fork of this run (the engine's steps) reads its checkpoints the same way.
+    fork = drive(services.fork_run(run, step=4, at="pre", mode="recorded"))
+    assert fork.status == "succeeded", fork.error
+    assert fork.divergence_step is None and len(orders_fake.chat_requests()) == 2
+    assert orders_graph_state(fork.input["thread_id"]).values == state.values
+
 
 def orders_graph_state(thread: str):
     from agentrun.integrations.langgraph.driven import graph_named

@@ -25,7 +25,6 @@ from importlib import import_module
 from typing import Any
 
 from django.conf import settings
-from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
@@ -119,8 +118,12 @@ def revive(original: Any, edited: Any) -> Any:
         return out + list(edited[len(original) :])
     if isinstance(original, dict) and isinstance(edited, dict):
         return {k: revive(original.get(k), v) for k, v in edited.items()}
-    if isinstance(original, BaseMessage) and isinstance(edited, dict):
-        fields = original.model_dump()
+    if (
+        isinstance(edited, dict)
+        and hasattr(original, "model_copy")
+        and not isinstance(original, type)
+    ):
+        fields = original.model_dump()  # a message, or another pydantic model
         changes = {k: revive(fields.get(k), v) for k, v in edited.items() if k in fields}
         changes = {k: v for k, v in changes.items() if plain(fields.get(k)) != plain(v)}
         return original.model_copy(update=changes)
