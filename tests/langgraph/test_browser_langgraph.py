@@ -84,6 +84,11 @@ def test_a_fork_with_an_edited_message_runs_in_a_worker_and_compares(
             assert fork.final_answer.startswith("Order 42 was lost in transit")
             assert worker.text().count("execute_step") >= 1  # the worker ran it
 
+            page.goto(f"/runs/{fork.pk}/")
+            settle(page)
+            assert "Order 42 was lost in transit" in page.inner_text("body")
+            shot(page, "langgraph-fork-run")
+
             page.goto(f"/runs/{fork.pk}/compare/")
             settle(page)
             first = page.locator("tr.first-div, .first-div").first
