@@ -244,6 +244,8 @@ class LangGraphAgent(Agent):
             seed = AgentrunSaver(serde=self.serde).get_tuple(
                 _config(thread, previous["checkpoint_id"])
             )
+            if seed is None:
+                raise AgentError(f"the thread's checkpoint {previous['checkpoint_id']} is gone")
             self._put_seed(memory, seed, config)
         seed_id = seed.checkpoint["id"] if seed is not None else None
         with recorded.answering(run, ctx.step):
