@@ -99,9 +99,13 @@ class Decision:
     calls: list[Call] = field(default_factory=list)
     final: str | None = None
     llm: dict[str, Any] | None = None
+    #: More of what the agent decided, stored with the decision under keys of its own
+    #: (an integration's record of the step; a recorded fork's provenance).
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
+            **self.extra,
             "thought": self.thought,
             "rationale": self.rationale,
             "calls": [c.to_dict() for c in self.calls],
@@ -119,7 +123,11 @@ class Decision:
             calls=[Call.from_dict(c) for c in d.get("calls") or []],
             final=d.get("final"),
             llm=d.get("llm"),
+            extra={k: v for k, v in d.items() if k not in _DECISION_KEYS},
         )
+
+
+_DECISION_KEYS = frozenset(("thought", "rationale", "calls", "final", "llm"))
 
 
 @dataclass
@@ -151,6 +159,9 @@ class Agent:
     name: str = ""
     description: str = ""
     tools: tuple[str, ...] = ()
+    #: A recorded fork of this agent's runs reuses the parent's decisions while the
+    #: states match (False: the agent replays its parent's record itself).
+    replays_decisions: bool = True
 
     @property
     def version(self) -> str:
@@ -192,6 +203,19 @@ class Agent:
         """Raise ValueError (with the path) if `state` is not a valid state."""
         if not isinstance(state, dict):
             raise ValueError("state must be a JSON object")
+
+    def run_id(self, input: dict[str, Any]) -> Any:
+        """The id a new run of this input gets, or None for a fresh one (optional hook:
+        an integration whose runs are found by an id of their own)."""
+        return None
+
+    def fork_input(
+        self, parent: Any, step: int, at: str, state: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """A fork's input and the labels it has besides its parent's (optional hook), for a
+        fork of run `parent` from the (step, at) snapshot with `state` (edited or not).
+        Raise ValueError to refuse the fork. The default: the parent's input, no labels."""
+        return parent.input, {}
 
     def summary(self, input: dict[str, Any]) -> str:
         """What a run is about, in one line, for the run list and the run page (optional
@@ -406,4 +430,14 @@ def get_agent(name: str) -> Agent:
         return AGENTS[name]
     except KeyError:
         known = ", ".join(sorted(AGENTS))
-        raise InvalidInput(f"unknown agent {name!r} (known: {known})") from None
+        hint = _UNREGISTERED_HINTS.get(name, "")
+        raise InvalidInput(f"unknown agent {name!r} (known: {known}){hint}") from None
+
+
+# What to do about an agent that is not registered in this process, when it has a say.
+_UNREGISTERED_HINTS = {
+    "langgraph": (
+        ": a LangGraph thread is forked or started here only when its graph is named in"
+        " AGENTRUN_LANGGRAPH_GRAPHS (module:attribute of the compiled graph)"
+    ),
+}

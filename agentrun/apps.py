@@ -22,6 +22,10 @@ class AgentrunConfig(AppConfig):
 
         for module in settings.AGENTRUN_AGENT_MODULES:
             import_module(module)
+        if settings.AGENTRUN_LANGGRAPH_GRAPHS:
+            # The agent that runs LangGraph graphs: their modules are imported when a
+            # step first needs one.
+            import_module("agentrun.integrations.langgraph.driven")
 
         # The code version reads the agents' and tools' source now, as this process loaded
         # it: a module edited on disk later does not change what this process runs.

@@ -274,6 +274,11 @@ CELERY_BEAT_SCHEDULE["purge"] = {"task": "agentrun.purge", "schedule": AGENTRUN_
 AGENTRUN_LEASE_SECONDS = env_float("AGENTRUN_LEASE_SECONDS", 60.0)
 # Modules that define your agents and tools (imported at start-up), comma-separated.
 AGENTRUN_AGENT_MODULES = [m.strip() for m in env("AGENTRUN_AGENT_MODULES").split(",") if m.strip()]
+# LangGraph graphs agentrun's workers may run (forks of their threads, runs started here),
+# comma-separated, each the `module:attribute` of a compiled graph (needs agentrun[langgraph]).
+AGENTRUN_LANGGRAPH_GRAPHS = [
+    g.strip() for g in env("AGENTRUN_LANGGRAPH_GRAPHS").split(",") if g.strip()
+]
 
 # The code version this process runs (a release tag, a commit); unset: the deployment's
 # commit and a hash of the registered agents' and tools' source (agentrun.engine.versions).

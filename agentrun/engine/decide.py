@@ -53,7 +53,11 @@ MAX_RETRY_AFTER = 600.0
 def decide_step(ctx: Claimed) -> Decision | Outcome:
     if ctx.step.decision is not None:
         return Decision.from_dict(sorted_keys(ctx.step.decision))
-    if ctx.run.mode == ReplayMode.RECORDED and ctx.run.divergence_step is None:
+    if (
+        ctx.run.mode == ReplayMode.RECORDED
+        and ctx.run.divergence_step is None
+        and ctx.agent.replays_decisions
+    ):
         replayed = _replay_decision(ctx)
         if replayed is not None:
             return replayed

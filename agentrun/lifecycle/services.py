@@ -96,8 +96,12 @@ def start_run(
     # The first pre snapshot is written with the run: the worker's claim then finds it
     # in its one statement, instead of building it while holding a connection.
     state = agent.initial_state(stored)
+    own_id = agent.run_id(stored)
     with transaction.atomic():
+        if own_id is not None and Run.objects.filter(pk=own_id).exists():
+            raise InvalidInput(f"a run with id {own_id} exists already")
         run = Run.objects.create(
+            **({"id": own_id} if own_id is not None else {}),
             agent=agent.name,
             agent_version=agent.version,
             created_version=code_version(),
@@ -369,6 +373,14 @@ def fork_run(
     if state is not None:
         check_fork_state(agent, state)
     check_fork_phase(new_state)
+    try:
+        # An agent whose runs are found by an id of their own (a LangGraph thread's)
+        # says what its fork's input is, and the labels that differ from its parent's.
+        fork_input, own_labels = agent.fork_input(run, step, at, new_state)
+    except ValueError as exc:
+        raise ForkError(str(exc)) from None
+    fork_labels.update(own_labels)
+    own_id = agent.run_id(fork_input) if fork_input is not run.input else None
     phase = new_state.get("phase") if isinstance(new_state, dict) else None
     if mode == "live" and not confirm_live and side_effects_after(run, step, at):
         raise ForkError("a live fork runs write/hybrid tools for real: confirm it", "confirm_live")
@@ -380,10 +392,13 @@ def fork_run(
         locked = Run.objects.select_for_update(no_key=True).filter(pk=run.pk)
         if locked.values_list("purged_at", flat=True).first() is not None:
             raise ForkError(_purged(run))
+        if own_id is not None and Run.objects.filter(pk=own_id).exists():
+            raise ForkError(f"a run with id {own_id} exists already")
         fork = Run.objects.create(
+            **({"id": own_id} if own_id is not None else {}),
             agent=run.agent,
             agent_version=agent.version,
-            input=run.input,
+            input=fork_input,
             parent=run,
             forked_from=source,
             mode=mode,

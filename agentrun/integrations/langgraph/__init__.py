@@ -24,6 +24,7 @@ if not settings.configured:
 if not apps.ready and not apps.loading:
     django.setup()
 
+from agentrun.integrations.langgraph.recorded import recorded_model, recorded_tool  # noqa: E402
 from agentrun.integrations.langgraph.saver import AgentrunSaver, run_id_for  # noqa: E402
 
-__all__ = ["AgentrunSaver", "run_id_for"]
+__all__ = ["AgentrunSaver", "recorded_model", "recorded_tool", "run_id_for"]
