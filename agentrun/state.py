@@ -1017,7 +1017,7 @@ class MessageWindow:
 
     def __init__(self, history: Iterable[Mapping[str, Any]] = ()) -> None:
         self.messages: list[dict[str, Any]] = []
-        self.texts: list[str] = []
+        self.texts: list[bytes] = []
         self.system: list[int] = []  # positions of the system messages
         self.system_tokens = 0
         self.turn_starts: list[int] = []  # where each turn of the other messages starts

@@ -844,3 +844,26 @@ def test_a_history_changed_under_the_runs_window_is_sent_as_it_now_is(fake):
         expected["tools"] = request.json["tools"]
         assert request.body == llm_requests.encode(expected)
     assert sent[2].json["messages"][2]["content"] == "an edited answer"
+
+
+def test_the_windows_a_process_keeps_are_bounded_by_the_bytes_of_their_messages(fake, settings):
+    from agentrun.builtin import llm as llm_module
+
+    settings.AGENTRUN_STATE_CACHE_MB = 1  # the windows' budget: an eighth, 128 KiB of JSON
+    agent = get_agent("llm")
+    inp = {"goal": GOAL}
+
+    def decide(run_id: str, size: int) -> None:
+        st = AgentState.from_dict(agent.initial_state(inp))
+        st.to("planning")
+        st.add_message("user", "x" * size)
+        fake.push(completion("ok"))
+        agent.decide(st.to_dict(), StepContext(run_id, 2, inp))
+
+    for i in range(6):
+        decide(f"bounded-{i}", 40_000)
+    kept = llm_module._WINDOWS
+    assert llm_module._windows_bytes == sum(size for _, _, size in kept.values()) <= 128 * 1024
+    assert "bounded-5" in kept and "bounded-4" in kept and "bounded-0" not in kept
+    decide("bounded-huge", 200_000)  # more than the whole budget: not kept at all
+    assert "bounded-huge" not in kept and "bounded-5" in kept
