@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import traceback as traceback_module
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -40,6 +41,7 @@ __all__ = [
     "Phase",
     "StateError",
     "estimate_tokens",
+    "MessageWindow",
     "history_to_messages",
     "message_tokens",
     "truncate_history",
@@ -898,19 +900,20 @@ def history_to_messages(
         history: Iterable[Mapping[str, Any]] = state_or_history.history
     else:
         history = state_or_history
-    messages = []
-    for msg in history:
-        out: dict[str, Any] = {"role": msg["role"], "content": msg.get("content")}
-        tool_calls = msg.get("tool_calls")
-        # The API rejects an empty tool_calls array, so leave the key out.
-        if tool_calls:
-            out["tool_calls"] = [_api_tool_call(call) for call in tool_calls]
-        elif out["content"] is None:
-            out["content"] = ""
-        if msg.get("tool_call_id") is not None:
-            out["tool_call_id"] = msg["tool_call_id"]
-        messages.append(out)
-    return messages
+    return [_api_message(msg) for msg in history]
+
+
+def _api_message(msg: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": msg["role"], "content": msg.get("content")}
+    tool_calls = msg.get("tool_calls")
+    # The API rejects an empty tool_calls array, so leave the key out.
+    if tool_calls:
+        out["tool_calls"] = [_api_tool_call(call) for call in tool_calls]
+    elif out["content"] is None:
+        out["content"] = ""
+    if msg.get("tool_call_id") is not None:
+        out["tool_call_id"] = msg["tool_call_id"]
+    return out
 
 
 #: Tokens charged per message for role and framing, on top of its text.
@@ -985,3 +988,83 @@ def truncate_history(
         budget -= cost
     indexes = sorted(i for unit in kept for i in unit)
     return [messages[i] for i in indexes]
+
+
+class MessageWindow:
+    """A history's chat messages kept up to date as the history grows, to fit a budget
+    at the cost of what was appended rather than of the whole conversation.
+
+    :meth:`extend` converts the new history items as :func:`history_to_messages` does
+    and counts them as :func:`message_tokens` does; :meth:`fit` then picks the messages
+    :func:`truncate_history` would keep, by a binary search over the running totals of
+    the turns (a turn being what ``truncate_history`` keeps or drops as one), instead of
+    counting every message again. ``messages`` holds the converted messages and
+    ``texts`` each one's JSON (``json.dumps(message).encode()``), for a request body
+    joined from them; neither is to be changed (the next step's request shares them).
+    """
+
+    __slots__ = (
+        "messages",
+        "texts",
+        "system",
+        "system_tokens",
+        "turn_starts",
+        "tokens_before_turn",
+        "other_tokens",
+        "size",
+        "_open_call",
+    )
+
+    def __init__(self, history: Iterable[Mapping[str, Any]] = ()) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.texts: list[bytes] = []
+        self.system: list[int] = []  # positions of the system messages
+        self.system_tokens = 0
+        self.turn_starts: list[int] = []  # where each turn of the other messages starts
+        self.tokens_before_turn: list[int] = []  # the other messages' tokens before it
+        self.other_tokens = 0
+        self.size = 0  # the bytes of the messages' JSON
+        self._open_call = False  # the last turn is a tool call that tool messages join
+        self.extend(history)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def extend(self, history: Iterable[Mapping[str, Any]]) -> None:
+        """Append history items (as stored in a state) to the window."""
+        for item in history:
+            message = _api_message(item)
+            tokens = message_tokens(message)
+            position = len(self.messages)
+            self.messages.append(message)
+            text = json.dumps(message).encode()
+            self.texts.append(text)
+            self.size += len(text)
+            role = message["role"]
+            if role == "tool" and self._open_call:
+                self.other_tokens += tokens  # part of the turn its call started
+                continue
+            if role == "system":
+                self.system.append(position)
+                self.system_tokens += tokens
+            else:
+                self.turn_starts.append(position)
+                self.tokens_before_turn.append(self.other_tokens)
+                self.other_tokens += tokens
+            self._open_call = role == "assistant" and bool(message.get("tool_calls"))
+
+    def fit(self, max_tokens: int) -> tuple[list[int], int, int]:
+        """What :func:`truncate_history` keeps of the messages for ``max_tokens``: the
+        positions of the system messages before the kept turns, where the kept turns
+        start (all messages from there on are kept), and the kept messages' tokens."""
+        if not self.turn_starts:  # system messages alone: all kept
+            return list(self.system), len(self.messages), self.system_tokens
+        budget = max_tokens - self.system_tokens
+        # The turns kept are the longest run of newest turns whose tokens fit (the
+        # newest at least); the tokens of the turns from turn j on only fall as j grows.
+        first = bisect_left(self.tokens_before_turn, self.other_tokens - budget)
+        first = min(first, len(self.turn_starts) - 1)
+        start = self.turn_starts[first]
+        system = self.system[: bisect_left(self.system, start)]
+        kept = self.system_tokens + self.other_tokens - self.tokens_before_turn[first]
+        return system, start, kept

@@ -38,6 +38,8 @@ import select
 import socket
 import threading
 import time
+from collections import OrderedDict
+from operator import is_
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -54,7 +56,7 @@ from agentrun.agents import (
 )
 from agentrun.builtin import llm_costs, llm_requests
 from agentrun.security.redact import REDACTED, redact
-from agentrun.state import AgentState, history_to_messages, message_tokens, truncate_history
+from agentrun.state import AgentState, MessageWindow, message_tokens
 from agentrun.tools import REGISTRY, get_tool
 
 if TYPE_CHECKING:
@@ -148,8 +150,9 @@ def _http(timeout: float) -> Any:
     return http
 
 
-def _post(key: str, base_url: str, timeout: float, body: dict[str, Any]) -> str:
-    """POST a chat completion request; the response's text, or the SDK's error for it.
+def _post(key: str, base_url: str, timeout: float, content: bytes) -> str:
+    """POST a chat completion request (its JSON body); the response's text, or the SDK's
+    error for it.
 
     Sent over this thread's keep-alive connection with the standard library's HTTP
     client: the SDK's client would cost ~0.4 ms of CPU more per request (building and
@@ -159,7 +162,6 @@ def _post(key: str, base_url: str, timeout: float, body: dict[str, Any]) -> str:
     carry. With a proxy in the environment, or a redirect, httpx sends it instead.
     """
     url = base_url.rstrip("/") + "/chat/completions"
-    content = json.dumps(body).encode()
     headers = {
         "Authorization": f"Bearer {key}",
         "Content-Type": "application/json",
@@ -419,6 +421,37 @@ def _is_transient_status(status: int) -> bool:
     return status in (408, 429) or status >= 500
 
 
+# Each run's message window as of its last decision in this process (LLMAgent._window),
+# with the history it was made of; newest last, bounded by the bytes of the messages'
+# JSON to an eighth of the state cache's budget (which counts a state as 8 times its
+# JSON): about the conversations of the runs whose states the process keeps.
+_WINDOWS: OrderedDict[str, tuple[list[dict[str, Any]], MessageWindow, int]] = OrderedDict()
+_WINDOWS_LOCK = threading.Lock()
+_windows_bytes = 0  # the JSON of the windows in _WINDOWS, as counted when put there
+
+
+def _take_window(run_id: str) -> tuple[list[dict[str, Any]], MessageWindow] | None:
+    global _windows_bytes
+    with _WINDOWS_LOCK:
+        entry = _WINDOWS.pop(run_id, None)
+        if entry is not None:
+            _windows_bytes -= entry[2]
+    return None if entry is None else entry[:2]
+
+
+def _put_window(run_id: str, history: list[dict[str, Any]], window: MessageWindow) -> None:
+    global _windows_bytes
+    budget = settings.AGENTRUN_STATE_CACHE_MB * 1024 * 1024 // 8
+    if window.size > budget:
+        return
+    with _WINDOWS_LOCK:
+        old = _WINDOWS.pop(run_id, None)
+        _windows_bytes += window.size - (old[2] if old else 0)
+        _WINDOWS[run_id] = (history, window, window.size)
+        while _windows_bytes > budget:
+            _windows_bytes -= _WINDOWS.popitem(last=False)[1][2]
+
+
 @register
 class LLMAgent(StateAgent):
     """An LLM picks each step's tool calls or final answer (chat completions)."""
@@ -498,11 +531,16 @@ class LLMAgent(StateAgent):
         base_url = settings.AGENTRUN_LLM_BASE_URL
         timeout = float(settings.AGENTRUN_LLM_TIMEOUT)
 
-        history = history_to_messages(self.load(state))
-        kept = truncate_history(history, budget)
-        position = {id(m): i for i, m in enumerate(history)}
-        sent = [position[id(m)] for m in kept]
-        messages = [dict(m) for m in kept]
+        window = self._window(ctx.run_id, state)
+        system, start, tokens_sent = window.fit(budget)
+        sent = llm_requests.ranges(system)
+        if start < len(window):
+            if sent and sent[-1][1] == start:
+                sent[-1][1] = len(window)
+            else:
+                sent.append([start, len(window)])
+        encoded = window.texts
+        messages = [encoded[i] for i in system] + encoded[start:]
         try:
             tools = tool_definitions(names)
         except KeyError as exc:  # the run's input named a tool that has since gone away
@@ -522,14 +560,12 @@ class LLMAgent(StateAgent):
                 " holds a space or a control character",
                 detail=where,
             )
-        kwargs: dict[str, Any] = {"model": model, "messages": messages}
-        if tools:
-            kwargs["tools"] = tools
+        content = llm_requests.join(model, messages, tools)
         queued = time.perf_counter()
         with _request_slots():
             started = time.perf_counter()
             try:
-                body_text = _post(key, base_url, timeout, kwargs)
+                body_text = _post(key, base_url, timeout, content)
             except Exception as exc:
                 import openai
 
@@ -566,7 +602,7 @@ class LLMAgent(StateAgent):
             model=model,
             names=names,
             definitions=tools,
-            history_len=len(history),
+            history_len=len(window),
             sent=sent,
         )
         decision = self._decision(response, model=model, names=names, where=where)
@@ -587,7 +623,7 @@ class LLMAgent(StateAgent):
             llm["queued_ms"] = queued_ms
         if not (isinstance(tokens_in, int) and isinstance(tokens_out, int)):
             # No usage from the provider: record the local estimate and say so.
-            llm["tokens_in"] = sum(message_tokens(m) for m in messages)
+            llm["tokens_in"] = tokens_sent
             llm["tokens_out"] = message_tokens(_first_message(response) or {})
             llm["tokens_estimated"] = True
         if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0:
@@ -609,6 +645,28 @@ class LLMAgent(StateAgent):
             latency_ms,
         )
         return decision
+
+    def _window(self, run_id: str, state: dict[str, Any]) -> MessageWindow:
+        """The run's history as chat messages with their token counts and JSON: this
+        process's window of the run's previous decision, extended by what the history
+        gained since, when the history still starts with the very messages it was made
+        of (a state's messages are never changed in place, only appended: the engine's
+        identity shortcuts rest on that too); else made anew from the whole history."""
+        history = self.load(state).history
+        if type(self).load is not StateAgent.load:  # a subclass's own view of the state
+            return MessageWindow(history)
+        cached = _take_window(run_id)
+        window = None
+        if cached is not None:
+            old, window = cached
+            if len(history) >= len(old) and all(map(is_, history, old)):
+                window.extend(history[len(old) :])
+            else:
+                window = None
+        if window is None:
+            window = MessageWindow(history)
+        _put_window(run_id, history, window)
+        return window
 
     def _decision(
         self, response: dict[str, Any], *, model: str, names: list[str], where: dict[str, Any]

@@ -43,6 +43,25 @@ def encode(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body).encode()
 
 
+def join(model: str, messages: Sequence[bytes], definitions: Sequence[Any] | None) -> bytes:
+    """`encode({"model": model, "messages": ..., "tools": definitions})` (no "tools" when
+    there are none), joined from each message's JSON (`json.dumps(message).encode()`)
+    instead of encoding the whole conversation again: the same bytes, since `json.dumps`
+    writes a list's and an object's members with the same separators at any depth. The
+    body is made in one piece (a join of the parts), not copied again to add its ends."""
+    head = b'{"model": ' + json.dumps(model).encode() + b', "messages": ['
+    tail = b"]"
+    if definitions:
+        tail += b', "tools": ' + json.dumps(definitions).encode()
+    tail += b"}"
+    if not messages:
+        return head + tail
+    parts = list(messages)
+    parts[0] = head + parts[0]
+    parts[-1] = parts[-1] + tail
+    return b", ".join(parts)
+
+
 def digest(definitions: Sequence[Mapping[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(definitions, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -69,19 +88,21 @@ def reference(
     names: list[str],
     definitions: list[dict[str, Any]],
     history_len: int,
-    sent: list[int],
+    sent: list[list[int]],
 ) -> dict[str, Any]:
-    """What a decision records of the request it sent (FORMAT)."""
+    """What a decision records of the request it sent (FORMAT); `sent` is the history
+    positions of its messages as [start, end) ranges (`ranges`)."""
     tools_digest = digest(definitions) if definitions else ""
     request: dict[str, Any] = {
         "format": FORMAT,
         "model": model,
         "tools": names,
         "history": history_len,
-        "messages": ranges(sent),
+        "messages": sent,
     }
-    if history_len > len(sent):
-        request["dropped_messages"] = history_len - len(sent)
+    count = sum(end - start for start, end in sent)
+    if history_len > count:
+        request["dropped_messages"] = history_len - count
     if definitions:
         request["definitions_digest"] = tools_digest
         key = (run_id, tools_digest)

@@ -795,3 +795,75 @@ def test_an_exported_llm_run_imported_elsewhere_rebuilds_the_same_requests(fake,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == str(here)
+
+
+@pytest.mark.parametrize(
+    "messages, definitions",
+    [
+        ([], None),
+        ([{"role": "user", "content": "hi"}], None),
+        (
+            [
+                {"role": "system", "content": "Ünïcode \u2028 \"quoted\" \\ \n</script>"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "echo", "arguments": "{\"text\": \"\\u00e9\"}"}}]},
+                {"role": "tool", "content": "{\"ok\": 1.5e300}", "tool_call_id": "c1"},
+            ],
+            [{"type": "function", "function": {"name": "echo", "parameters": {"type": "object"}}}],
+        ),
+    ],
+)  # fmt: skip
+def test_a_body_joined_from_each_messages_json_is_the_body_json_encodes(messages, definitions):
+    body: dict[str, Any] = {"model": "m\u00f6del", "messages": messages}
+    if definitions:
+        body["tools"] = definitions
+    texts = [json.dumps(m).encode() for m in messages]
+    assert llm_requests.join("m\u00f6del", texts, definitions) == llm_requests.encode(body)
+
+
+def test_a_history_changed_under_the_runs_window_is_sent_as_it_now_is(fake):
+    """The window of a run's last decision is extended when the history grew by new
+    messages, and made anew when an earlier message is another object (an edited state)."""
+    agent = get_agent("llm")
+    inp = {"goal": GOAL}
+    st = AgentState.from_dict(agent.initial_state(inp))
+    st.to("planning")
+    st.add_message("assistant", "first answer")
+    first = st.to_dict()
+    st.add_message("user", "and then?")
+    grown = st.to_dict()  # the same message objects, one more
+    edited = {**grown, "history": list(grown["history"])}
+    edited["history"][2] = {"role": "assistant", "content": "an edited answer"}
+    for state in (first, grown, edited):
+        fake.push(completion("ok"))
+        agent.decide(state, StepContext("run-window", 2, inp))
+    sent = fake.chat_requests()
+    for state, request in zip((first, grown, edited), sent, strict=True):
+        expected = {"model": "fake-model", "messages": history_to_messages(state["history"])}
+        expected["tools"] = request.json["tools"]
+        assert request.body == llm_requests.encode(expected)
+    assert sent[2].json["messages"][2]["content"] == "an edited answer"
+
+
+def test_the_windows_a_process_keeps_are_bounded_by_the_bytes_of_their_messages(fake, settings):
+    from agentrun.builtin import llm as llm_module
+
+    settings.AGENTRUN_STATE_CACHE_MB = 1  # the windows' budget: an eighth, 128 KiB of JSON
+    agent = get_agent("llm")
+    inp = {"goal": GOAL}
+
+    def decide(run_id: str, size: int) -> None:
+        st = AgentState.from_dict(agent.initial_state(inp))
+        st.to("planning")
+        st.add_message("user", "x" * size)
+        fake.push(completion("ok"))
+        agent.decide(st.to_dict(), StepContext(run_id, 2, inp))
+
+    for i in range(6):
+        decide(f"bounded-{i}", 40_000)
+    kept = llm_module._WINDOWS
+    assert llm_module._windows_bytes == sum(size for _, _, size in kept.values()) <= 128 * 1024
+    assert "bounded-5" in kept and "bounded-4" in kept and "bounded-0" not in kept
+    decide("bounded-huge", 200_000)  # more than the whole budget: not kept at all
+    assert "bounded-huge" not in kept and "bounded-5" in kept

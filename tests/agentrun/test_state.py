@@ -13,6 +13,7 @@ from agentrun.state import (
     TRANSITIONS,
     AgentState,
     IllegalTransition,
+    MessageWindow,
     Phase,
     StateError,
     estimate_tokens,
@@ -699,6 +700,42 @@ def test_truncation_never_orphans_tool_messages_and_keeps_order(messages, budget
         while others[last_turn_start]["role"] == "tool" and last_turn_start > 0:
             last_turn_start -= 1
         assert len(kept) <= len(others) - last_turn_start
+
+
+def window_turns():
+    """Conversations as turns() makes them, with a tool message answering no call now
+    and then, and an assistant message with an empty list of tool calls."""
+    odd = st.sampled_from(
+        [
+            [{"role": "tool", "tool_call_id": "x", "content": "orphan"}],
+            [{"role": "assistant", "content": None, "tool_calls": []}],
+        ]
+    )
+    return st.lists(turns() | odd, max_size=4).map(lambda parts: [m for p in parts for m in p])
+
+
+@settings(max_examples=300)
+@given(
+    messages=window_turns(),
+    cuts=st.lists(st.integers(0, 40), max_size=3),
+    budgets=st.lists(st.integers(0, 400), min_size=1, max_size=3),
+)
+def test_a_growing_message_window_keeps_what_truncate_history_keeps(messages, cuts, budgets):
+    window = MessageWindow()
+    done = 0
+    for cut in [*sorted(cuts), len(messages)]:
+        cut = min(cut, len(messages))
+        window.extend(messages[done:cut])
+        done = max(done, cut)
+        converted = history_to_messages(messages[:done])
+        assert window.messages == converted and len(window) == done
+        assert window.texts == [json.dumps(m).encode() for m in converted]
+        for budget in budgets:
+            system, start, tokens = window.fit(budget)
+            expected = truncate_history(converted, budget)
+            where = {id(m): i for i, m in enumerate(converted)}
+            assert [*system, *range(start, done)] == [where[id(m)] for m in expected]
+            assert tokens == cost(expected)
 
 
 # The fast validators in from_dict may only accept items the detailed,
