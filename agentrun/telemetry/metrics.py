@@ -63,7 +63,8 @@ RECONCILER = Counter(
     "agentrun_reconciler_actions",
     "What the reconciler's passes in this worker did: runs re-enqueued (a lost wake-up, a "
     "dead worker's expired lease, a due backoff), hybrid calls compensated, failures "
-    "notified to the webhook and webhook retries sent again",
+    "notified to the webhook, webhook retries sent again, and committed steps whose spans "
+    "were emitted again (their export was not on record)",
     ["action"],
 )
 
@@ -76,6 +77,7 @@ def count_reconciled(done: dict[str, Any]) -> None:
         ("compensated", done.get("compensated", 0)),
         ("webhook_notified", webhooks.get("notified", 0)),
         ("webhook_resent", webhooks.get("resent", 0)),
+        ("steps_traced_again", done.get("traced_again", 0)),
     ):
         RECONCILER.labels(action).inc(n)
 
