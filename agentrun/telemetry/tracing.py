@@ -449,9 +449,20 @@ def _root_span(
     run = ctx.run
     started = run.started_at or run.created_at
     start_ns = int(started.timestamp() * 1e9) if started else end_ns
-    links = []
-    if run.parent_id and run.forked_from_id:
-        links.append(_fork_link(run))
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": run.agent,
+        "agentrun.run.id": str(run.pk),
+        "agentrun.run.status": "failed" if outcome == "failed" else "succeeded",
+        "agentrun.run.url": step_url(run.pk, ctx.step.number).rsplit("/steps/", 1)[0] + "/",
+        "agentrun.steps": ctx.step.number + 1 - run.first_step,
+    }
+    link = _fork_link(run) if run.parent_id and run.forked_from_id else None
+    if link is not None:
+        # Said as attributes too: some receivers (Phoenix) keep no links.
+        attributes["agentrun.forked_from.run_id"] = str(run.parent_id)
+        attributes["agentrun.forked_from.step"] = link.attributes["agentrun.step.number"]
+        attributes["agentrun.forked_from.span_id"] = f"{link.context.span_id:016x}"
     if run.trace_parent:  # a child of the span of the request that started the run
         context = _parent(trace_id, int(run.trace_parent[36:52], 16), True)
     else:  # the root of a trace of its own, whose id is the run's
@@ -462,15 +473,8 @@ def _root_span(
         f"invoke_agent {run.agent}",
         context=context,
         start_time=min(start_ns, end_ns),
-        links=[link for link in links if link is not None],
-        attributes={
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.name": run.agent,
-            "agentrun.run.id": str(run.pk),
-            "agentrun.run.status": "failed" if outcome == "failed" else "succeeded",
-            "agentrun.run.url": step_url(run.pk, ctx.step.number).rsplit("/steps/", 1)[0] + "/",
-            "agentrun.steps": ctx.step.number + 1 - run.first_step,
-        },
+        links=[link] if link is not None else [],
+        attributes=attributes,
     )
     _FIXED.trace_id = _FIXED.span_id = 0
     if outcome == "failed":
