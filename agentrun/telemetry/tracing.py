@@ -30,6 +30,7 @@ import os
 import re
 import threading
 from datetime import datetime, timedelta
+from time import time_ns
 from types import SimpleNamespace
 from typing import Any
 
@@ -188,6 +189,13 @@ def export_pending(run: Any, now: datetime) -> dict[str, Any]:
     if t is None or not _sampled(t, _trace_int(run), "invoke_agent"):
         return {}
     return {"trace_due_at": now + timedelta(seconds=settings.AGENTRUN_TRACE_REEMIT_AFTER)}
+
+
+def prepare() -> None:
+    """What the first span would pay otherwise, paid when a worker starts: the exporter's
+    configuration, and the URL configuration that step links are reversed from (a second)."""
+    if tracer() is not None:
+        step_url(_SAMPLE_RUN, 1)
 
 
 def shutdown() -> None:
@@ -453,7 +461,7 @@ def _root_span(
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": run.agent,
         "agentrun.run.id": str(run.pk),
-        "agentrun.run.status": "failed" if outcome == "failed" else "succeeded",
+        "agentrun.run.status": _RUN_STATUS.get(outcome, "succeeded"),
         "agentrun.run.url": step_url(run.pk, ctx.step.number).rsplit("/steps/", 1)[0] + "/",
         "agentrun.steps": ctx.step.number + 1 - run.first_step,
     }
@@ -481,6 +489,26 @@ def _root_span(
         span.set_status(Status(StatusCode.ERROR, bounded(detail)[:512]))
         span.set_attribute("error.type", _error_type(ctx, detail))
     return span, end_ns
+
+
+_RUN_STATUS = {"failed": "failed", "cancelled": "cancelled"}
+
+
+def emit_cancelled(run: Any) -> None:
+    """The root span of a run an operator cancelled (no worker ends it): its steps so far
+    under it, as for a run that ended. Never raises: the cancel is committed already."""
+    try:
+        t = tracer()
+        if t is None or not _sampled(t, _trace_int(run), "invoke_agent"):
+            return
+        last = SimpleNamespace(number=max(run.next_step - 1, run.first_step - 1), pk=None)
+        ctx = SimpleNamespace(run=run, step=last, failure=None)
+        end_ns = int(run.finished_at.timestamp() * 1e9) if run.finished_at else time_ns()
+        span, at = _root_span(t, ctx, "cancelled", "", end_ns, _trace_int(run))
+        span.add_event("agentrun.cancelled", {}, at)
+        span.end(at)
+    except Exception:
+        log.exception("the root span of cancelled run %s failed", run.pk)
 
 
 def _fork_link(run: Any) -> Link | None:
