@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import socket
 import threading
 from datetime import datetime, timedelta
 from time import time_ns
@@ -107,11 +108,17 @@ def _configure() -> trace.Tracer | None:
 
         exporter = OTLPSpanExporter()
     exporter = _Marking(exporter)
-    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "agentrun"}
+    attributes: dict[str, Any] = {"host.name": socket.gethostname(), "process.pid": os.getpid()}
+    if not os.environ.get("OTEL_SERVICE_NAME"):
+        attributes["service.name"] = "agentrun"
     # The sampler comes from OTEL_TRACES_SAMPLER(_ARG); the batch's sizes from OTEL_BSP_*.
     provider = TracerProvider(resource=Resource.create(attributes), id_generator=_Ids())
     provider.add_span_processor(BatchSpanProcessor(exporter))
     _STATE["provider"] = provider
+    # A root without a parent is always sampled (the default, ParentBased(AlwaysOn)).
+    _STATE["always"] = provider.sampler.get_description().startswith(
+        ("AlwaysOnSampler", "ParentBased{root:AlwaysOnSampler")
+    )
     log.info("traces exported (%s)", endpoint or kind)
     return provider.get_tracer("agentrun")
 
@@ -260,6 +267,8 @@ def _sampled(t: Any, trace_id: int, name: str) -> bool:
     provider = _STATE.get("provider")
     if provider is None:
         return False
+    if _STATE.get("always"):  # the default sampler: no need to ask it twice a step
+        return True
     return provider.sampler.should_sample(None, trace_id, name).decision.is_sampled()
 
 
@@ -338,10 +347,12 @@ def emit_step(ctx: Any, outcome: str, detail: str, start_ns: int, end_ns: int) -
             "agentrun.step.outcome": outcome,
             "agentrun.step.url": step_url(run.pk, step.number),
             "agentrun.code_version": run.code_version or "",
-            "agentrun.worker": ctx.owner,
         },
     )
     _FIXED.span_id = 0
+    if getattr(ctx, "reemitted", False):  # by another process: the resource isn't its worker's
+        span.set_attribute("agentrun.worker", ctx.owner)
+        span.set_attribute("agentrun.reemitted", True)
     step_ctx = trace.set_span_in_context(span)
     if outcome in ("backoff", "waiting", "lost"):
         span.add_event(f"agentrun.{outcome}", {"agentrun.detail": bounded(detail)}, end_ns)
@@ -618,6 +629,7 @@ def _attempt_of(step: Any, calls: list[Any]) -> tuple[Any, str, str, int, int]:
         step=step,
         owner=step.worker,
         failure=step.failure,
+        reemitted=True,
         decision=SimpleNamespace(llm=llm),
         llm_window=window,
         acted=acted,

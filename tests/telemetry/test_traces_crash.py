@@ -93,5 +93,16 @@ def test_a_killed_workers_committed_steps_have_their_spans_once(start_worker):
             f"/runs/{run.pk}/steps/{by_id[tools[0].parent_id].attributes['agentrun.step.number']}/"
         )
     )
+    # Emitted again by the replacement, they say so, and which worker ran the step.
+    assert all(
+        s.attributes.get("agentrun.reemitted")
+        for s in by_id.values()
+        if s.name in ("step 1", "step 2")
+    )
+    assert by_id[tools[0].parent_id].attributes["agentrun.worker"] == steps[1].worker != ""
+    assert not any(
+        s.attributes.get("agentrun.reemitted") for s in spans if s.name in ("step 3", "step 4")
+    )
+    assert all(s.resource.get("process.pid") for s in spans)
     # Each span once: the re-emitted ones too.
     assert len({s.span_id for s in spans}) == len(spans)
