@@ -124,6 +124,21 @@ def _start_preparing_the_llm_client(**_: Any) -> None:
     threading.Thread(target=_prepare_the_llm_client, name="prepare-llm", daemon=True).start()
 
 
+# Likewise the exporter of traces, when they are on, and the URL configuration their step
+# links come from (about a second of imports).
+def _prepare_tracing() -> None:
+    from agentrun.telemetry import tracing
+
+    tracing.prepare()
+
+
+@worker_init.connect
+def _start_preparing_tracing(**_: Any) -> None:
+    import threading
+
+    threading.Thread(target=_prepare_tracing, name="prepare-tracing", daemon=True).start()
+
+
 # Celery's threads pool starts a thread per task until it has `concurrency` of them,
 # and the consumer waits for each new thread to run before it takes the next message:
 # under load every start waits its turn for the GIL, and a burst of new runs queued

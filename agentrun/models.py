@@ -308,6 +308,11 @@ class Step(models.Model):
     state_size = models.IntegerField(null=True, blank=True)
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # While the committed attempt's spans are not known to be exported
+    # (agentrun.telemetry.tracing): when the reconciler emits them again, from these rows,
+    # unless the export is on record first (it clears this). A worker killed between its
+    # commit and its export loses no span. Null: exported, or traces off at the commit.
+    trace_due_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["run", "number"]
@@ -316,6 +321,13 @@ class Step(models.Model):
             # The run list's "succeeded after retries": does a run have a step that crashed?
             # Holds the few crashed steps only; a step's usual updates leave it alone.
             models.Index(fields=["run"], condition=Q(crashes__gt=0), name="step_crashed"),
+            # Committed steps whose spans are not exported yet: a few seconds' worth while
+            # traces are on, none while they are off.
+            models.Index(
+                fields=["trace_due_at"],
+                condition=Q(trace_due_at__isnull=False),
+                name="step_trace_due",
+            ),
         ]
 
     def __str__(self) -> str:

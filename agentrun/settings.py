@@ -364,6 +364,11 @@ AGENTRUN_WORKER_METRICS_ADDR = env("AGENTRUN_WORKER_METRICS_ADDR", "127.0.0.1")
 AGENTRUN_TRACE_URL = env("AGENTRUN_TRACE_URL")
 # A span attribute longer than this (UTF-8 bytes) is cut, and says how long it was.
 AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES = env_int("AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES", 4096)
+# A committed step whose spans' export is not on record this many seconds after its commit
+# (its worker was killed first, or the receiver was down) has them emitted again from its
+# rows by the reconciler; until this many seconds after the commit, then it gives up.
+AGENTRUN_TRACE_REEMIT_AFTER = env_float("AGENTRUN_TRACE_REEMIT_AFTER", 60.0)
+AGENTRUN_TRACE_REEMIT_WITHIN = env_float("AGENTRUN_TRACE_REEMIT_WITHIN", 3600.0)
 # The failure webhook (agentrun.telemetry.webhooks): JSON posted here when a run fails or a
 # step keeps crashing, signed (HMAC-SHA256) with the secret, which is then required.
 AGENTRUN_WEBHOOK_URL = env("AGENTRUN_WEBHOOK_URL")

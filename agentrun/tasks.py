@@ -6,7 +6,7 @@ from django.conf import settings
 from agentrun import engine
 from agentrun.engine import reconcile
 from agentrun.lifecycle import batches
-from agentrun.telemetry import metrics, webhooks
+from agentrun.telemetry import metrics, tracing, webhooks
 
 
 @shared_task(name="agentrun.execute_step")
@@ -19,6 +19,7 @@ def reconcile_task() -> dict:
     done = reconcile.reconcile_once()
     done["batches"] = batches.advance_all()  # a lost message delays a batch one pass
     done["webhooks"] = webhooks.sweep()  # failures nobody notified, retries overdue
+    done["traced_again"] = tracing.emit_lost()  # spans a killed worker took with it
     metrics.count_reconciled(done)
     return done
 

@@ -47,8 +47,26 @@ def child(variant: str, n: int) -> None:
     env.truncate()
     run = services.start_run("workload", inputs(variant, n))
     done: list[str] = []
+    tracing = _tracing()
     engine.execute_step(run.pk, 1, chain=float(24 * 3600), observe=lambda o: done.append(o.status))
     assert len(done) == n + 1 and done[-1] == "finished", done[-3:]
+    if tracing is not None:
+        tracing.flush()  # exported here, in the counted thread (see _tracing)
+
+
+def _tracing():
+    """When traces are on (OTEL_* variables; an old commit has no agentrun.telemetry):
+    prepared as a worker does at its start. With OTEL_BSP_SCHEDULE_DELAY and
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE above the run's spans, they are all exported by the
+    final flush, in the main thread that callgrind counts, not by the batch thread."""
+    try:
+        from agentrun.telemetry import tracing
+    except ImportError:
+        return None
+    if not tracing.enabled():
+        return None
+    tracing.prepare()
+    return tracing
 
 
 def create_llm_runs(n: int, ids_file: str) -> None:

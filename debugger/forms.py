@@ -82,6 +82,11 @@ class RunFilterForm(DateRangeMixin):
         widget=forms.TextInput(attrs={"placeholder": "a call to it failed", "list": "run-tools"}),
     )
 
+    # The built-in triage views (the page links to them; a form submit keeps them).
+    repeated = forms.IntegerField(required=False, min_value=1, max_value=runs_selection.MAX_HOURS)
+    stuck = forms.IntegerField(required=False, min_value=1, max_value=runs_selection.MAX_MINUTES)
+    no_worker = forms.BooleanField(required=False)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         agents = Run.objects.order_by("agent").values_list("agent", flat=True).distinct()
@@ -113,6 +118,11 @@ class RunFilterForm(DateRangeMixin):
         for name in ("since", "until"):
             if data.get(name):
                 out[name] = data[name].isoformat()
+        for name in ("repeated", "stuck"):
+            if data.get(name):
+                out[name] = str(data[name])
+        if data.get("no_worker"):
+            out["no_worker"] = "1"
         return out
 
     def filter(self, runs: QuerySet[Run]) -> QuerySet[Run]:

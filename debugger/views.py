@@ -28,7 +28,7 @@ from agentrun.audit import export as audit_export
 from agentrun.builtin import llm_requests
 from agentrun.engine import inflight
 from agentrun.engine.versions import alive_workers, versions_alive
-from agentrun.lifecycle import batches, services
+from agentrun.lifecycle import batches, selection, services
 from agentrun.lifecycle.runids import RunIdError, resolve_run
 from agentrun.models import (
     RETRY_EVENTS,
@@ -138,6 +138,11 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
     query = form.query() if form.is_valid() else None
     context.update(
         _inflight_counts(),
+        builtin_views=_builtin_views(query),
+        # A triage view's filter, kept when the form narrows it further.
+        triage_kept=[
+            (k, query[k]) for k in ("repeated", "stuck", "no_worker") if k in (query or {})
+        ],
         saved_views=[
             {"view": v, "url": saved.view_url(v.query), "current": v.query == query}
             for v in SavedView.objects.filter(owner=request.user)
@@ -151,6 +156,45 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         ),
     )
     return render(request, "debugger/run_list.html", context)
+
+
+def _builtin_views(query: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The triage views every operator has: each a filter of the run list (a link to
+    share), with how many runs it selects now."""
+    stuck = int(settings.AGENTRUN_WEBHOOK_STUCK_MINUTES) or 60
+    views = [
+        (
+            "Failing repeatedly",
+            {"repeated": "24"},
+            f"Runs failed in the last 24 hours with an error {selection.REPEATED_RUNS} or "
+            "more of them share",
+        ),
+        (
+            f"Stuck > {stuck} min",
+            {"stuck": str(stuck)},
+            f"Runs not ended and unchanged for more than {stuck} minutes",
+        ),
+        (
+            "Waiting for a worker",
+            {"no_worker": "1"},
+            "Runs due to run now that no worker holds (none alive, none of their version, "
+            "or all busy)",
+        ),
+    ]
+    out = []
+    for name, view_query, title in views:
+        count = selection.parse(view_query).apply(Run.objects.all()).count()
+        url = saved.view_url(view_query)
+        out.append(
+            {
+                "name": name,
+                "url": url,
+                "count": count,
+                "title": title,
+                "current": query == view_query,
+            }
+        )
+    return out
 
 
 def _replay_url(form: RunFilterForm) -> str:

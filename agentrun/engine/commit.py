@@ -36,6 +36,7 @@ from agentrun.models import (
 from agentrun.security.redact import redact, redact_text
 from agentrun.security.storable import escape, escape_text
 from agentrun.store import callsearch, compaction, hashing, rawsql, snapshots
+from agentrun.telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,8 @@ def _write_post(
             "finished_at": now,
             "duration_ms": round((time.perf_counter() - ctx.started) * 1000, 3),
             "state_size": snap.size,
+            # Until its spans' export is on record (absent: traces off, or not sampled).
+            **tracing.export_pending(ctx.run, now),
         },
     )
     # A committed step is on record in its Step row and post snapshot; the event log

@@ -100,7 +100,8 @@ _RUN_SKIP = {
 }
 RUN_FIELDS = [f for f in Run._meta.concrete_fields if f.name not in _RUN_SKIP]
 SNAPSHOT_FIELDS = [f for f in Snapshot._meta.concrete_fields if f.name not in ("id", "run")]
-STEP_FIELDS = [f for f in Step._meta.concrete_fields if f.name not in ("id", "run")]
+# When this deployment emits a step's spans again is its own, not part of the record.
+STEP_FIELDS = [f for f in Step._meta.concrete_fields if f.name not in ("id", "run", "trace_due_at")]
 TOOL_CALL_FIELDS = [
     f for f in ToolCall._meta.concrete_fields if f.name not in ("id", "run", "step")
 ]

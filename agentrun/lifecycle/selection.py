@@ -5,6 +5,10 @@ text in the input or a label), `status` (a run status, or "active"), `agent`, `l
 (`key=value` or `key`, repeatable: all must match), `pinned`, `since` and `until` (a date,
 or a date and time in ISO 8601), `error` (text in the run's error), `version` (the code
 version that ran the run's latest step) and `tool_failed` (a call to this tool failed).
+Three are for triage, the run list's built-in views: `repeated` (hours: runs that failed in
+that many hours with an error at least REPEATED_RUNS of them share), `stuck` (minutes:
+runs not ended and unchanged that long) and `no_worker` (runs due to run now that no
+worker holds, as agentrun_runs_runnable counts them).
 An unknown field or a bad value raises SelectionError naming it: nothing is guessed.
 """
 
@@ -12,16 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, time
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from agentrun.engine.versions import InvalidVersion, check_version
 from agentrun.lifecycle import labels as run_labels
-from agentrun.models import RunLabel, RunStatus, ToolCall, ToolCallStatus
+from agentrun.models import Run, RunLabel, RunStatus, ToolCall, ToolCallStatus
 
 FIELDS = (
     "q",
@@ -34,8 +38,15 @@ FIELDS = (
     "error",
     "version",
     "tool_failed",
+    "repeated",
+    "stuck",
+    "no_worker",
 )
 TEXT_MAX_LENGTH = 200
+#: "Failing repeatedly": this many failed runs of the window share the error.
+REPEATED_RUNS = 3
+MAX_HOURS = 24 * 30
+MAX_MINUTES = 60 * 24 * 30
 STATUSES = ("active", *RunStatus.values)
 
 
@@ -59,6 +70,9 @@ class Selection:
     error: str = ""
     version: str = ""
     tool_failed: str = ""
+    repeated: int = 0
+    stuck: int = 0
+    no_worker: bool | None = None
     given: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def apply(self, runs: QuerySet) -> QuerySet:
@@ -85,6 +99,28 @@ class Selection:
                 run=OuterRef("pk"), tool=self.tool_failed, status=ToolCallStatus.FAILED
             )
             runs = runs.filter(Exists(failed))
+        now = timezone.now()
+        if self.repeated:
+            since = now - timedelta(hours=self.repeated)
+            failed_lately = Run.objects.filter(status=RunStatus.FAILED, finished_at__gte=since)
+            shared = (
+                failed_lately.exclude(error="")
+                .order_by()
+                .values("error")
+                .annotate(n=Count("id"))
+                .filter(n__gte=REPEATED_RUNS)
+                .values("error")
+            )
+            runs = runs.filter(
+                status=RunStatus.FAILED, finished_at__gte=since, error__in=Subquery(shared)
+            )
+        if self.stuck:
+            runs = runs.active().filter(updated_at__lt=now - timedelta(minutes=self.stuck))
+        if self.no_worker is not None:
+            due = Q(pk__in=Run.objects.runnable(now).values("pk")) | Q(
+                pk__in=Run.objects.due_backoff(now).values("pk")
+            )
+            runs = runs.filter(due) if self.no_worker else runs.exclude(due)
         return run_labels.filter_runs(runs, self.label)
 
     def as_query(self) -> dict[str, Any]:
@@ -139,6 +175,9 @@ def parse(given: Mapping[str, Any] | None) -> Selection:
     out["pinned"] = _flag(given.get("pinned"), "pinned")
     out["since"] = moment(given.get("since"), "since", end=False)
     out["until"] = moment(given.get("until"), "until", end=True)
+    out["repeated"] = _count(given.get("repeated"), "repeated", MAX_HOURS, "hours")
+    out["stuck"] = _count(given.get("stuck"), "stuck", MAX_MINUTES, "minutes")
+    out["no_worker"] = _flag(given.get("no_worker"), "no_worker")
     return Selection(**out, given={k: given[k] for k in FIELDS if k in given})
 
 
@@ -154,6 +193,20 @@ def _text(value: Any, name: str) -> str:
     if "\x00" in value:
         raise SelectionError(f"{name} can't hold a NUL character", name)
     return value.strip()
+
+
+def _count(value: Any, name: str, most: int, unit: str) -> int:
+    """A whole number of `unit` from 1 to `most` (0: not given)."""
+    if isinstance(value, list | tuple) and len(value) == 1:
+        value = value[0]
+    if value in (None, ""):
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise SelectionError(f"{name} must be a number of {unit}", name)
+    text = str(value).strip()
+    if not text.isdigit() or not 1 <= int(text) <= most:
+        raise SelectionError(f"{name} must be a whole number of {unit}, 1 to {most}", name)
+    return int(text)
 
 
 def _labels(value: Any) -> tuple[str, ...]:

@@ -146,6 +146,7 @@ def cancel_run(run: Run, *, user: Any = None, reason: str = "") -> Run:
         )
         record_event("run_cancelled", run=run, user=user, reason=reason)
     run.refresh_from_db()
+    tracing.emit_cancelled(run)  # the trace's root: no worker ends a cancelled run
     compensate_run(run)
     if run.batch_id is not None:  # a replay batch's fork: the batch goes on
         ask("agentrun.batch_advance", run.batch_id, "the batch's next forks")

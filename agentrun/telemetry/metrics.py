@@ -22,7 +22,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, F, Sum
 from django.utils import timezone
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -63,7 +63,8 @@ RECONCILER = Counter(
     "agentrun_reconciler_actions",
     "What the reconciler's passes in this worker did: runs re-enqueued (a lost wake-up, a "
     "dead worker's expired lease, a due backoff), hybrid calls compensated, failures "
-    "notified to the webhook and webhook retries sent again",
+    "notified to the webhook, webhook retries sent again, and committed steps whose spans "
+    "were emitted again (their export was not on record)",
     ["action"],
 )
 
@@ -76,8 +77,65 @@ def count_reconciled(done: dict[str, Any]) -> None:
         ("compensated", done.get("compensated", 0)),
         ("webhook_notified", webhooks.get("notified", 0)),
         ("webhook_resent", webhooks.get("resent", 0)),
+        ("steps_traced_again", done.get("traced_again", 0)),
     ):
         RECONCILER.labels(action).inc(n)
+
+
+class PoolCollector(Collector):
+    """This process's database connection pool (psycopg_pool, PostgreSQL with
+    DB_POOL_MAX_SIZE > 0), read at scrape time: its connections in use and idle, the
+    requests waiting for one now, and since the process started how many requests had to
+    wait, how long they waited in all, and how many gave up (DB_POOL_TIMEOUT)."""
+
+    def describe(self) -> Any:
+        return []  # registered at import: reading the pool then would create it
+
+    def collect(self) -> Any:
+        from django.db import DEFAULT_DB_ALIAS, connections
+
+        conn = connections[DEFAULT_DB_ALIAS]
+        if conn.vendor != "postgresql" or not (conn.settings_dict.get("OPTIONS") or {}).get("pool"):
+            return []
+        stats = conn.pool.get_stats()
+        size, idle = stats.get("pool_size", 0), stats.get("pool_available", 0)
+        conns = GaugeMetricFamily(
+            "agentrun_db_pool_connections",
+            "This process's pooled database connections, by state (in_use, idle), and the "
+            "pool's maximum (max)",
+            labels=["state"],
+        )
+        conns.add_metric(["in_use"], size - idle)
+        conns.add_metric(["idle"], idle)
+        conns.add_metric(["max"], stats.get("pool_max", 0))
+        waiting = GaugeMetricFamily(
+            "agentrun_db_pool_requests_waiting",
+            "Requests for a database connection waiting for one now, in this process",
+        )
+        waiting.add_metric([], stats.get("requests_waiting", 0))
+        requests = CounterMetricFamily(
+            "agentrun_db_pool_requests", "Requests for a pooled connection, this process"
+        )
+        requests.add_metric([], stats.get("requests_num", 0))
+        waits = CounterMetricFamily(
+            "agentrun_db_pool_waits",
+            "Requests for a pooled connection that had to wait for one (none was idle)",
+        )
+        waits.add_metric([], stats.get("requests_queued", 0))
+        waited = CounterMetricFamily(
+            "agentrun_db_pool_wait_seconds", "Time requests waited for a pooled connection"
+        )
+        waited.add_metric([], stats.get("requests_wait_ms", 0) / 1000)
+        errors = CounterMetricFamily(
+            "agentrun_db_pool_timeouts",
+            "Requests for a pooled connection that waited DB_POOL_TIMEOUT and failed",
+        )
+        errors.add_metric([], stats.get("requests_errors", 0))
+        return [conns, waiting, requests, waits, waited, errors]
+
+
+# On the worker's port (the default registry, which start_http_server serves).
+REGISTRY.register(PoolCollector())
 
 
 def serve_worker_metrics() -> int | None:

@@ -28,15 +28,23 @@ import json
 import logging
 import os
 import re
+import socket
 import threading
-from datetime import datetime
+from datetime import datetime, timedelta
+from time import time_ns
+from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace import TraceFlags as Flags
@@ -44,6 +52,8 @@ from opentelemetry.trace import TraceFlags as Flags
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
+#: Outcomes of an attempt that committed its step.
+ENDED = ("committed", "finished", "failed")
 _STATE: dict[str, Any] = {}  # "provider", "tracer" once configured (None: tracing is off)
 _FIXED = threading.local()  # the ids the next span of this thread takes
 
@@ -97,13 +107,102 @@ def _configure() -> trace.Tracer | None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter()
-    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "agentrun"}
+    exporter = _Marking(exporter)
+    attributes: dict[str, Any] = {"host.name": socket.gethostname(), "process.pid": os.getpid()}
+    if not os.environ.get("OTEL_SERVICE_NAME"):
+        attributes["service.name"] = "agentrun"
     # The sampler comes from OTEL_TRACES_SAMPLER(_ARG); the batch's sizes from OTEL_BSP_*.
     provider = TracerProvider(resource=Resource.create(attributes), id_generator=_Ids())
     provider.add_span_processor(BatchSpanProcessor(exporter))
     _STATE["provider"] = provider
+    # A root without a parent is always sampled (the default, ParentBased(AlwaysOn)).
+    _STATE["always"] = provider.sampler.get_description().startswith(
+        ("AlwaysOnSampler", "ParentBased{root:AlwaysOnSampler")
+    )
     log.info("traces exported (%s)", endpoint or kind)
     return provider.get_tracer("agentrun")
+
+
+class _Marking(SpanExporter):
+    """The exporter, and then the mark of each committed step whose spans it exported: a
+    step not marked is emitted again, from its rows, by the reconciler (`emit_lost`)."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+
+    def export(self, spans: Any) -> SpanExportResult:
+        result = self.inner.export(spans)
+        ids = [s.context.span_id for s in spans]
+        with _LOCK:  # which steps have all their spans exported now
+            done = []
+            for span_id in ids:
+                step = _WAITING.pop(span_id, None)
+                left = _EXPECTED.get(step) if step is not None else None
+                if left is None:
+                    continue
+                left.discard(span_id)
+                if result is not SpanExportResult.SUCCESS:
+                    del _EXPECTED[step]  # lost here: the reconciler emits it again
+                elif not left:
+                    del _EXPECTED[step]
+                    done.append(step)
+        if done:
+            _mark_exported(done)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+#: Committed steps whose spans are not all exported yet: step id -> span ids, and each
+#: span id -> its step. Bounded: a span the batch processor dropped never comes back.
+_EXPECTED: dict[int, set[int]] = {}
+_WAITING: dict[int, int] = {}
+_MAX_WAITING = 100_000
+
+
+def _expect(step_pk: int, span_ids: list[int]) -> None:
+    with _LOCK:
+        _EXPECTED[step_pk] = set(span_ids)
+        for span_id in span_ids:
+            _WAITING[span_id] = step_pk
+        while len(_WAITING) > _MAX_WAITING:  # the oldest first (dicts keep their order)
+            _EXPECTED.pop(_WAITING.pop(next(iter(_WAITING))), None)
+
+
+def _mark_exported(step_ids: list[int]) -> None:
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    from agentrun.models import Step
+
+    try:
+        Step.objects.filter(pk__in=step_ids, trace_due_at__isnull=False).update(trace_due_at=None)
+    except Exception:  # the spans are out; the step is emitted again, and the receiver
+        log.exception("marking %d step(s) exported failed", len(step_ids))  # keeps one
+    conn = connections[DEFAULT_DB_ALIAS]
+    # The batch processor's thread hands its connection back to the pool, if there is one.
+    if getattr(conn, "pool", None) is not None and not conn.in_atomic_block:
+        conn.close()
+
+
+def export_pending(run: Any, now: datetime) -> dict[str, Any]:
+    """The commit's mark of a step whose spans this process is to export: when they are
+    emitted again unless their export is on record first (`trace_due_at`), or nothing when
+    traces are off or the run's trace is not sampled."""
+    t = tracer()
+    if t is None or not _sampled(t, _trace_int(run), "invoke_agent"):
+        return {}
+    return {"trace_due_at": now + timedelta(seconds=settings.AGENTRUN_TRACE_REEMIT_AFTER)}
+
+
+def prepare() -> None:
+    """What the first span would pay otherwise, paid when a worker starts: the exporter's
+    configuration, and the URL configuration that step links are reversed from (a second)."""
+    if tracer() is not None:
+        step_url(_SAMPLE_RUN, 1)
 
 
 def shutdown() -> None:
@@ -168,6 +267,8 @@ def _sampled(t: Any, trace_id: int, name: str) -> bool:
     provider = _STATE.get("provider")
     if provider is None:
         return False
+    if _STATE.get("always"):  # the default sampler: no need to ask it twice a step
+        return True
     return provider.sampler.should_sample(None, trace_id, name).decision.is_sampled()
 
 
@@ -246,10 +347,12 @@ def emit_step(ctx: Any, outcome: str, detail: str, start_ns: int, end_ns: int) -
             "agentrun.step.outcome": outcome,
             "agentrun.step.url": step_url(run.pk, step.number),
             "agentrun.code_version": run.code_version or "",
-            "agentrun.worker": ctx.owner,
         },
     )
     _FIXED.span_id = 0
+    if getattr(ctx, "reemitted", False):  # by another process: the resource isn't its worker's
+        span.set_attribute("agentrun.worker", ctx.owner)
+        span.set_attribute("agentrun.reemitted", True)
     step_ctx = trace.set_span_in_context(span)
     if outcome in ("backoff", "waiting", "lost"):
         span.add_event(f"agentrun.{outcome}", {"agentrun.detail": bounded(detail)}, end_ns)
@@ -258,12 +361,17 @@ def emit_step(ctx: Any, outcome: str, detail: str, start_ns: int, end_ns: int) -
         span.set_attribute("error.type", _error_type(ctx, detail))
     # The model request and tool calls are the step span's children: the run, step and
     # agent are on it, not repeated on them (each attribute costs the SDK a check).
-    _chat_span(t, ctx, step_ctx)
-    for tc, call_id, before in ctx.acted:
-        _tool_span(t, tc, call_id, before, step_ctx)
-    span.end(end_ns)
+    ended = [_chat_span(t, ctx, step_ctx)]
+    ended += [_tool_span(t, tc, call_id, before, step_ctx) for tc, call_id, before in ctx.acted]
+    ended.append((span, end_ns))
     if outcome in ("finished", "failed"):  # the run ended with this step
-        _root_span(t, ctx, outcome, detail, end_ns, trace_id)
+        ended.append(_root_span(t, ctx, outcome, detail, end_ns, trace_id))
+    spans = [e for e in ended if e is not None]
+    if outcome in ENDED and ctx.step.pk is not None:
+        # Known before any of them ends (the batch processor may export it at once).
+        _expect(ctx.step.pk, [s.get_span_context().span_id for s, _ in spans])
+    for s, at in spans:
+        s.end(at)
 
 
 def _error_type(ctx: Any, detail: str) -> str:
@@ -271,9 +379,9 @@ def _error_type(ctx: Any, detail: str) -> str:
     return str(failure.get("type") or detail.split(":", 1)[0] or "error")[:100]
 
 
-def _chat_span(t: Any, ctx: Any, parent: Any) -> None:
+def _chat_span(t: Any, ctx: Any, parent: Any) -> tuple[Any, int] | None:
     if ctx.llm_window is None or ctx.decision is None or not ctx.decision.llm:
-        return
+        return None
     llm = ctx.decision.llm
     response = llm.get("response") if isinstance(llm.get("response"), dict) else {}
     model = str(llm.get("model") or "")
@@ -308,10 +416,12 @@ def _chat_span(t: Any, ctx: Any, parent: Any) -> None:
         f"chat {model}", context=parent, kind=SpanKind.CLIENT, start_time=start_ns,
         attributes=attributes,
     )  # fmt: skip
-    span.end(end_ns)
+    return span, end_ns
 
 
-def _tool_span(t: Any, tc: Any, call_id: str | None, before: int, parent: Any) -> None:
+def _tool_span(
+    t: Any, tc: Any, call_id: str | None, before: int, parent: Any
+) -> tuple[Any, int] | None:
     """The call's span, if this step attempt ran it (`before`: its attempts until then)."""
     attempts = []
     for a in (tc.attempts or [])[before:]:
@@ -320,7 +430,7 @@ def _tool_span(t: Any, tc: Any, call_id: str | None, before: int, parent: Any) -
         except (KeyError, TypeError, ValueError):
             continue
     if not attempts:
-        return
+        return None
     start_ns = attempts[0][0]
     last_at, last = attempts[-1]
     end_ns = last_at + int(float(last.get("duration_ms") or 0) * 1e6)
@@ -349,16 +459,29 @@ def _tool_span(t: Any, tc: Any, call_id: str | None, before: int, parent: Any) -
     if tc.status in ("failed", "in_doubt"):
         span.set_status(Status(StatusCode.ERROR, bounded(tc.error or tc.status)[:512]))
         span.set_attribute("error.type", (tc.error or tc.status).split(":", 1)[0][:100])
-    span.end(max(end_ns, start_ns))
+    return span, max(end_ns, start_ns)
 
 
-def _root_span(t: Any, ctx: Any, outcome: str, detail: str, end_ns: int, trace_id: int) -> None:
+def _root_span(
+    t: Any, ctx: Any, outcome: str, detail: str, end_ns: int, trace_id: int
+) -> tuple[Any, int]:
     run = ctx.run
     started = run.started_at or run.created_at
     start_ns = int(started.timestamp() * 1e9) if started else end_ns
-    links = []
-    if run.parent_id and run.forked_from_id:
-        links.append(_fork_link(run))
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": run.agent,
+        "agentrun.run.id": str(run.pk),
+        "agentrun.run.status": _RUN_STATUS.get(outcome, "succeeded"),
+        "agentrun.run.url": step_url(run.pk, ctx.step.number).rsplit("/steps/", 1)[0] + "/",
+        "agentrun.steps": ctx.step.number + 1 - run.first_step,
+    }
+    link = _fork_link(run) if run.parent_id and run.forked_from_id else None
+    if link is not None:
+        # Said as attributes too: some receivers (Phoenix) keep no links.
+        attributes["agentrun.forked_from.run_id"] = str(run.parent_id)
+        attributes["agentrun.forked_from.step"] = link.attributes["agentrun.step.number"]
+        attributes["agentrun.forked_from.span_id"] = f"{link.context.span_id:016x}"
     if run.trace_parent:  # a child of the span of the request that started the run
         context = _parent(trace_id, int(run.trace_parent[36:52], 16), True)
     else:  # the root of a trace of its own, whose id is the run's
@@ -369,21 +492,34 @@ def _root_span(t: Any, ctx: Any, outcome: str, detail: str, end_ns: int, trace_i
         f"invoke_agent {run.agent}",
         context=context,
         start_time=min(start_ns, end_ns),
-        links=[link for link in links if link is not None],
-        attributes={
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.name": run.agent,
-            "agentrun.run.id": str(run.pk),
-            "agentrun.run.status": "failed" if outcome == "failed" else "succeeded",
-            "agentrun.run.url": step_url(run.pk, ctx.step.number).rsplit("/steps/", 1)[0] + "/",
-            "agentrun.steps": ctx.step.number + 1 - run.first_step,
-        },
+        links=[link] if link is not None else [],
+        attributes=attributes,
     )
     _FIXED.trace_id = _FIXED.span_id = 0
     if outcome == "failed":
         span.set_status(Status(StatusCode.ERROR, bounded(detail)[:512]))
         span.set_attribute("error.type", _error_type(ctx, detail))
-    span.end(end_ns)
+    return span, end_ns
+
+
+_RUN_STATUS = {"failed": "failed", "cancelled": "cancelled"}
+
+
+def emit_cancelled(run: Any) -> None:
+    """The root span of a run an operator cancelled (no worker ends it): its steps so far
+    under it, as for a run that ended. Never raises: the cancel is committed already."""
+    try:
+        t = tracer()
+        if t is None or not _sampled(t, _trace_int(run), "invoke_agent"):
+            return
+        last = SimpleNamespace(number=max(run.next_step - 1, run.first_step - 1), pk=None)
+        ctx = SimpleNamespace(run=run, step=last, failure=None)
+        end_ns = int(run.finished_at.timestamp() * 1e9) if run.finished_at else time_ns()
+        span, at = _root_span(t, ctx, "cancelled", "", end_ns, _trace_int(run))
+        span.add_event("agentrun.cancelled", {}, at)
+        span.end(at)
+    except Exception:
+        log.exception("the root span of cancelled run %s failed", run.pk)
 
 
 def _fork_link(run: Any) -> Link | None:
@@ -407,3 +543,102 @@ def _fork_link(run: Any) -> Link | None:
         trace_flags=Flags(Flags.SAMPLED),
     )
     return Link(source, {"agentrun.link": "forked_from", "agentrun.step.number": snap["step"]})
+
+
+# --- emitted again, from the rows ---------------------------------------------------------
+
+
+def emit_lost(limit: int = 500) -> int:
+    """Emit the spans of committed steps whose export is not on record, from their rows
+    (the reconciler, every pass): a worker killed between a commit and its batch's export
+    took them with it. Returns how many steps; their mark follows their export, here.
+
+    A step is due AGENTRUN_TRACE_REEMIT_AFTER seconds after its commit (a live worker
+    exports its own well before), and each pass that emits it claims it for as long again
+    (concurrent passes emit each step once; a failed export is tried again then), for up to
+    AGENTRUN_TRACE_REEMIT_WITHIN seconds after its commit. A worker killed after an export
+    but before its mark has its spans sent twice, with the same ids: receivers keep one.
+    """
+    t = tracer()
+    if t is None:
+        return 0
+    from django.utils import timezone
+
+    from agentrun.models import Step, ToolCall
+
+    now = timezone.now()
+    after = timedelta(seconds=settings.AGENTRUN_TRACE_REEMIT_AFTER)
+    due = Step.objects.filter(trace_due_at__isnull=False)
+    # Too old to be worth a trace now: out of the index, never tried again.
+    oldest = now - max(timedelta(seconds=settings.AGENTRUN_TRACE_REEMIT_WITHIN), after)
+    due.filter(finished_at__lt=oldest).update(trace_due_at=None)
+    steps = []
+    for step in (
+        due.filter(trace_due_at__lte=now).select_related("run").order_by("trace_due_at")[:limit]
+    ):
+        # Claimed by a compare-and-set: another pass that read it too finds it changed.
+        claim = Step.objects.filter(pk=step.pk, trace_due_at=step.trace_due_at)
+        if claim.update(trace_due_at=now + after):
+            steps.append(step)
+    if not steps:
+        return 0
+    calls: dict[int, list[Any]] = {}
+    for tc in ToolCall.objects.filter(step__in=[s.pk for s in steps]).order_by("index"):
+        calls.setdefault(tc.step_id, []).append(tc)
+    for step in steps:
+        try:
+            emit_step(*_attempt_of(step, calls.get(step.pk, [])))
+        except Exception:  # one odd row must not keep the others from their traces
+            log.exception(
+                "emitting the spans of step %s of run %s failed", step.number, step.run_id
+            )
+    flush()  # exported (and marked) before the next pass looks again
+    log.info("emitted the spans of %d committed step(s) again", len(steps))
+    return len(steps)
+
+
+def _attempt_of(step: Any, calls: list[Any]) -> tuple[Any, str, str, int, int]:
+    """A committed step's last attempt, as `emit_step` takes it, from its rows."""
+    run = step.run
+    end_ns = int(step.finished_at.timestamp() * 1e9)
+    start_ns = end_ns - int((step.duration_ms or 0) * 1e6)
+    detail = ""
+    last = step.number == run.next_step - 1 and run.status in ("succeeded", "failed")
+    if step.status == "failed":
+        outcome = "failed"
+        detail = str((step.failure or {}).get("message") or run.error)
+    elif last and run.status == "failed":  # a limit ended the run after this step
+        outcome, detail = "failed", run.error
+    else:
+        outcome = "finished" if last else "committed"
+    decision = step.decision or {}
+    llm = decision.get("llm") if isinstance(decision.get("llm"), dict) else None
+    window = None
+    if llm and step.decided_at and step.decided_at.timestamp() * 1e9 >= start_ns:
+        decided_ns = int(step.decided_at.timestamp() * 1e9)  # asked in this attempt
+        window = (decided_ns - int((step.llm_latency_ms or 0) * 1e6), decided_ns)
+    call_ids = [
+        c.get("call_id") if isinstance(c, dict) else None for c in decision.get("calls") or []
+    ]
+    acted = []
+    for tc in calls:
+        before = sum(1 for a in tc.attempts or [] if _at_ns(a) < start_ns)
+        acted.append((tc, call_ids[tc.index] if tc.index < len(call_ids) else None, before))
+    ctx = SimpleNamespace(
+        run=run,
+        step=step,
+        owner=step.worker,
+        failure=step.failure,
+        reemitted=True,
+        decision=SimpleNamespace(llm=llm),
+        llm_window=window,
+        acted=acted,
+    )
+    return ctx, outcome, detail, start_ns, end_ns
+
+
+def _at_ns(attempt: Any) -> int:
+    try:
+        return int(datetime.fromisoformat(attempt["at"]).timestamp() * 1e9)
+    except (KeyError, TypeError, ValueError):
+        return 0

@@ -9,13 +9,19 @@ expired and finishes them: the model is asked again only for decisions that were
 not on record, and each ledger key has one entry.
 """
 
+import contextlib
 import signal
+import socket
+import threading
 import time
+import urllib.request
 from collections import Counter
 
 import pytest
 from django.conf import settings
 from django.db import connection
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.builtin.tools import ledger_write
 from agentrun.models import LedgerEntry, LedgerInvocation, ToolCall
@@ -38,6 +44,14 @@ from tests.fake_openai import FakeOpenAI, Recorded, Reply, completion, tool_call
 from tests.workers import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.durability]
+TOKEN = "scrape-during-the-kill"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 # An embedded worker runs 8 steps at a time (SQLite has one writer): 16 runs keep it
 # full, half in flight and half queued, when it is killed.
@@ -71,10 +85,69 @@ def paying_model(request: Recorded) -> Reply:
     return Reply(200, completion("paid 30"), delay=0.2)
 
 
+class Scraper:
+    """Prometheus, as it would scrape during the incident: the web's /metrics and the
+    replacement worker's port, every 0.3 s, each exposition parsed by the client's parser."""
+
+    def __init__(self) -> None:
+        self.scrapes: list[dict] = []
+        self.failures: list[str] = []
+        self.worker_port: int | None = None
+        self.worker_scrapes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        client = Client()
+        try:
+            while not self._stop.wait(0.3):
+                try:
+                    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+                    assert response.status_code == 200, response.status_code
+                    self.scrapes.append(samples(response.content.decode()))
+                    if self.worker_port:
+                        url = f"http://127.0.0.1:{self.worker_port}/metrics"
+                        with (
+                            contextlib.suppress(OSError),  # not listening yet
+                            urllib.request.urlopen(url, timeout=5) as r,  # noqa: S310
+                        ):
+                            worker = samples(r.read().decode())
+                            self.worker_scrapes += 1
+                            assert (
+                                "agentrun_db_pool_connections",
+                                (("state", "max"),),
+                            ) in worker or connection.vendor != "postgresql"
+                except Exception as exc:  # what a scrape that fails or doesn't parse says
+                    self.failures.append(repr(exc))
+        finally:
+            connection.close()
+
+    def __enter__(self) -> "Scraper":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
 def test_killing_a_worker_with_a_hundred_steps_in_flight_loses_and_repeats_nothing(
-    start_worker,
+    start_worker, settings
 ):
-    with FakeOpenAI(respond=paying_model) as fake:
+    settings.AGENTRUN_METRICS_TOKEN = TOKEN
+    settings.AGENTRUN_METRICS_CACHE_SECONDS = 0
+    with FakeOpenAI(respond=paying_model) as fake, Scraper() as scraper:
         env = llm_env(fake, AGENTRUN_AGENT_MODULES=__name__)
         # The worker first: it may take the messages before it says it is ready (RabbitMQ
         # hands them over at once), and the runs must not be done by then.
@@ -105,7 +178,10 @@ def test_killing_a_worker_with_a_hundred_steps_in_flight_loses_and_repeats_nothi
         time.sleep(0.2)  # the dead worker's last statements reach the database
         on_record = decided_turns(runs)
 
-        replacement = start_worker(beat=True, **env)
+        scraper.worker_port = free_port()
+        replacement = start_worker(
+            beat=True, AGENTRUN_WORKER_METRICS_PORT=str(scraper.worker_port), **env
+        )
         try:
             wait_until(all_finished(runs), timeout=120, interval=0.5, what="every run to finish")
         except TimeoutError:
@@ -149,3 +225,17 @@ def test_killing_a_worker_with_a_hundred_steps_in_flight_loses_and_repeats_nothi
         )
         assert set(invocations) <= {1, 2}
         assert invocations[2] >= paying // 2, (invocations, paying)
+        # Scraped all along, through the kill: every exposition parsed, and the last
+        # one's runs by status are the database's.
+        time.sleep(0.5)  # a scrape after the last run ended
+        scraper.stop()
+        assert not scraper.failures, scraper.failures[:3]
+        assert len(scraper.scrapes) >= 10 and scraper.worker_scrapes >= 3
+        last = scraper.scrapes[-1]
+        ended = {
+            dict(labels)["status"]: value
+            for (name, labels), value in last.items()
+            if name == "agentrun_runs_ended_total" and dict(labels)["agent"] == "llm"
+        }
+        assert ended == {"succeeded": RUNS, "failed": 0, "cancelled": 0}
+        assert not any(name == "agentrun_runs_active" for name, _ in last)

@@ -10,6 +10,7 @@ import urllib.request
 from collections import Counter
 
 import pytest
+from django.db import connection
 from django.db.models import Sum
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
@@ -146,6 +147,17 @@ def test_metrics_after_real_runs_agree_with_the_database(start_worker, settings)
     recorded = sum(s.llm_latency_ms for s in llm_steps) / 1000
     total = worker[("agentrun_llm_request_duration_seconds_sum", key[1])]
     assert recorded <= total < recorded + 0.05 * 4  # the step's own timer, a little wider
+    # The worker's connection pool (PostgreSQL): what its steps asked of it, and its size.
+    if connection.vendor == "postgresql":
+        assert worker[("agentrun_db_pool_requests_total", ())] >= Step.objects.count()
+        most = settings.DATABASES["default"]["OPTIONS"]["pool"]["max_size"]
+        assert worker[("agentrun_db_pool_connections", (("state", "max"),))] == most > 0
+        in_use = worker[("agentrun_db_pool_connections", (("state", "in_use"),))]
+        assert 0 <= in_use <= most
+        assert worker[("agentrun_db_pool_waits_total", ())] >= 0
+        assert worker[("agentrun_db_pool_timeouts_total", ())] == 0
+    else:
+        assert not any(name.startswith("agentrun_db_pool") for name, _ in worker)
 
 
 def test_metrics_need_the_token_and_are_off_without_one(db, settings):

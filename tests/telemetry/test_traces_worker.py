@@ -167,3 +167,8 @@ def test_runs_and_a_fork_are_traces_of_the_genai_conventions(start_worker, tmp_p
     assert link["span_id"] == f"{tracing.step_span_id(llm.pk, 2, parent_step.attempts):016x}"
     assert link["span_id"] in {s.span_id for s in receiver.trace(llm.pk.hex)}
     assert link["agentrun.step.number"] == 2
+    # Said as attributes too, for receivers that keep no links.
+    root = tree["root"][0].attributes
+    assert root["agentrun.forked_from.run_id"] == str(llm.pk)
+    assert root["agentrun.forked_from.span_id"] == link["span_id"]
+    assert root["agentrun.forked_from.step"] == 2

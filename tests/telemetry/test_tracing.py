@@ -125,3 +125,23 @@ def test_telemetry_that_fails_does_not_fail_the_step(exported, monkeypatch, capl
     run = drive(make_run())
     assert run.status == "succeeded" and run.steps.filter(crashes__gt=0).count() == 0
     assert "telemetry of step 1 of run" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_run_has_its_root_span_over_its_steps(exported):
+    from agentrun.lifecycle import services
+
+    run = drive(make_run(script(calls({"tool": "echo", "args": {"n": 1}}), final())), max_steps=1)
+    assert run.status == "running" and run.next_step == 2
+    assert not [s for s in exported.get_finished_spans() if s.name.startswith("invoke_agent")]
+    services.cancel_run(run, reason="not needed")
+    spans = exported.get_finished_spans()
+    (root,) = [s for s in spans if s.name == "invoke_agent scripted"]
+    assert root.parent is None
+    assert root.context.span_id == tracing.root_span_id(run.pk)
+    assert root.context.trace_id == run.pk.int
+    assert root.attributes["agentrun.run.status"] == "cancelled"
+    assert root.attributes["agentrun.steps"] == 1
+    assert [e.name for e in root.events] == ["agentrun.cancelled"]
+    (step,) = [s for s in spans if s.name == "step 1"]
+    assert step.parent.span_id == root.context.span_id
