@@ -446,8 +446,32 @@ def list_runs(
         datetime | None,
         Query(description="Created before this date and time (or a date: its end)."),
     ] = None,
+    repeated: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=selection.MAX_HOURS,
+            description="Failing repeatedly: runs that failed in this many hours with an error "
+            f"at least {selection.REPEATED_RUNS} of them share.",
+        ),
+    ] = None,
+    stuck: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=selection.MAX_MINUTES,
+            description="Runs not ended and unchanged for this many minutes.",
+        ),
+    ] = None,
+    no_worker: Annotated[
+        bool | None,
+        Query(description="true: runs due to run now that no worker holds; false: the others."),
+    ] = None,
 ) -> dict[str, Any]:
     given = {
+        "repeated": repeated,
+        "stuck": stuck,
+        "no_worker": no_worker,
         "status": status,
         "agent": agent,
         "label": label,

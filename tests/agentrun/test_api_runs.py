@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.test import Client
 from django.urls import URLPattern, get_resolver
+from django.utils import timezone
 
 from agentrun.api import urls as api_urls
+from agentrun.lifecycle import selection
 from agentrun.models import Event, Run
 from agentrun.store import snapshots
 from agentrun.store.delta import state_hash
@@ -177,6 +180,43 @@ def test_the_run_list_filters_by_status_and_agent(client):
     assert [i["id"] for i in client.get("/api/runs?status=queued").json()["items"]] == [queued]
     assert client.get("/api/runs?agent=scripted").json()["count"] == 2
     assert client.get("/api/runs?agent=nobody").json() == {"items": [], "count": 0}
+
+
+def test_the_run_list_takes_the_triage_views(client):
+    def failing(message):
+        return drive(
+            make_run(script(calls({"tool": "fail", "args": {"message": message}}), final()))
+        )
+
+    declined = {str(failing("card declined").pk) for _ in range(3)}
+    failing("out of stock")
+    stuck, waiting = make_run(), make_run()
+    Run.objects.filter(pk=stuck.pk).update(
+        updated_at=timezone.now() - timedelta(hours=2),
+        status="running",
+        lease_owner="w1:1",
+        lease_expires_at=timezone.now() + timedelta(minutes=1),
+    )
+
+    def listed(query):
+        answer = client.get(f"/api/runs?{query}")
+        assert answer.status_code == 200, answer.content
+        return {item["id"] for item in answer.json()["items"]}
+
+    # The same definitions as the run list's views (agentrun.lifecycle.selection).
+    assert listed("repeated=24") == declined
+    assert listed("stuck=60") == {str(stuck.pk)}
+    assert listed("no_worker=true") == {str(waiting.pk)}
+    assert listed("no_worker=true&stuck=60") == set()
+    for bad in (
+        "stuck=0",
+        "repeated=ten",
+        f"repeated={selection.MAX_HOURS + 1}",
+        "no_worker=maybe",
+    ):
+        answer = client.get(f"/api/runs?{bad}")
+        assert answer.status_code == 400, bad
+        assert answer.json()["field"] == bad.split("=")[0]
 
 
 def test_an_unknown_run_is_a_json_404(client):
