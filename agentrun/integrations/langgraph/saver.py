@@ -15,11 +15,12 @@ How the two models map:
   parent's state: the step's decision names the parent checkpoint.
 - The step's decision holds, for people, `langgraph`: the checkpoint and parent ids, the
   nodes that ran in the super-step (those whose `versions_seen` changed), the
-  metadata, the pending writes and interrupts; and, for LangGraph,
-  `langgraph_serialized`: the checkpoint, its metadata, the channel values it wrote and
-  its pending writes as the saver's serializer (`serde`) wrote them, so LangGraph reads
-  back exactly what it stored. A channel value is stored once, in the step that wrote
-  its version; later steps point at that step.
+  metadata, the pending writes and interrupts. For LangGraph, the step's `checkpoint`
+  column (compressed, `agentrun.store.checkpoints`) holds the checkpoint, its metadata,
+  the channel values it wrote and its pending writes as the saver's serializer (`serde`)
+  wrote them, so LangGraph reads back exactly what it stored. A channel value is stored
+  once, in the step that wrote its version; later steps point at that step. A list that
+  grew by appending (`messages`) is stored as its new items after the previous value's.
 
 The run is left succeeded after each checkpoint (a thread has no end; it never waits for
 an agentrun worker, which could not run it).
@@ -27,16 +28,16 @@ an agentrun worker, which could not run it).
 
 from __future__ import annotations
 
-import base64
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Min
+from django.db.models import Min, Q
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -55,7 +56,7 @@ from langgraph.checkpoint.serde.types import INTERRUPT
 from agentrun.integrations.langgraph.plain import plain
 from agentrun.lifecycle import labels as run_labels
 from agentrun.models import Run, RunStatus, Snapshot, Step, StepStatus
-from agentrun.store import snapshots
+from agentrun.store import checkpoints, snapshots
 
 #: The `agent` of every run this saver writes.
 AGENT = "langgraph"
@@ -71,13 +72,18 @@ def run_id_for(thread_id: Any, checkpoint_ns: str = "") -> uuid.UUID:
     return uuid.uuid5(_RUN_IDS, f"{thread_id}\x00{checkpoint_ns}")
 
 
+#: The bytes of channel values a saver keeps of the last checkpoint of its threads, so the
+#: next one's appended list is stored as its new items without reading the previous value.
+CACHE_BYTES = 64 * 1024 * 1024
+
+
 def _packed(typed: tuple[str, bytes]) -> list[str]:
     kind, data = typed
-    return [kind, base64.b64encode(data).decode()]
+    return [kind, checkpoints.text(data)]
 
 
 def _unpacked(packed: Sequence[str]) -> tuple[str, bytes]:
-    return packed[0], base64.b64decode(packed[1])
+    return packed[0], checkpoints.data(packed[1])
 
 
 class AgentrunSaver(BaseCheckpointSaver[int]):
@@ -86,6 +92,13 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
 
     def __init__(self, *, serde: SerializerProtocol | None = None) -> None:
         super().__init__(serde=serde)
+        # (run id, channel) -> ((step pk, checkpoint id), step number, kind, bytes, chain,
+        # keyframe) of the value last written. A step rolled back and made again may get
+        # the same pk (SQLite) but not with another checkpoint's id.
+        self._last: OrderedDict[tuple[Any, str], tuple[Any, int, str, bytes, int, int]]
+        self._last = OrderedDict()
+        self._last_bytes = 0
+        self._lock = threading.Lock()
 
     # --- writing ----------------------------------------------------------------
 
@@ -107,44 +120,46 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         with transaction.atomic():
             run = self._run(thread_id, ns, config, now)
             number, waiting = run.next_step, self._step(run.pk, cp["id"], done=False)
-            early: dict[str, Any] = {
-                "langgraph": {"writes": []},
-                "langgraph_serialized": {"writes": []},
-            }
+            early_info: dict[str, Any] = {"writes": []}
+            early_writes: list[Any] = []
             if waiting is not None and waiting.status == StepStatus.RUNNING:
                 # The checkpoint's writes came first (LangGraph doesn't wait for a put
                 # to write the writes of the tasks it starts): they waited on a step of
                 # their own, numbered below the run's steps, which this step replaces.
-                early = _decision(waiting)
+                early_info = _decision(waiting)["langgraph"]
+                early_writes = (waiting.checkpoint or {}).get("writes", [])
                 waiting.delete()
             parent = self._step(run.pk, parent_id) if parent_id else None
-            parent_ser = _decision(parent)["langgraph_serialized"] if parent else {}
+            parent_info = _decision(parent)["langgraph"] if parent else {}
+            parent_at = (parent.checkpoint or {}).get("blob_at", {}) if parent else {}
             blob_at: dict[str, int] = {}
             missing = []
             for channel, version in cp["channel_versions"].items():
                 if channel in new_versions:
                     blob_at[channel] = number
-                elif parent and _decision(parent)["langgraph"]["channel_versions"].get(
-                    channel
-                ) == plain(version):
-                    if channel in parent_ser["blob_at"]:
-                        blob_at[channel] = parent_ser["blob_at"][channel]
+                elif parent and parent_info["channel_versions"].get(channel) == plain(version):
+                    if channel in parent_at:
+                        blob_at[channel] = parent_at[channel]
                 else:
                     missing.append((channel, plain(version)))
             if missing:
                 blob_at.update(self._writers(run.pk, missing))
-            blobs = {
-                channel: _packed(self.serde.dumps_typed(values[channel]))
-                if channel in values
-                else ["empty", ""]
-                for channel in new_versions
-            }
+            blobs: dict[str, list[Any]] = {}
+            written: list[tuple[str, str, bytes, int, int]] = []
+            for channel in new_versions:
+                if channel not in values:
+                    blobs[channel] = ["empty"]
+                    continue
+                kind, data = self.serde.dumps_typed(values[channel])
+                base = self._base(run.pk, channel, parent, parent_at)
+                blobs[channel], chain, keyframe = checkpoints.blob(kind, data, base)
+                written.append((channel, kind, data, chain, number if keyframe < 0 else keyframe))
             post_state = {
                 channel: plain(values[channel])
                 for channel in cp["channel_versions"]
                 if channel in values
             }
-            seen_before = _decision(parent)["langgraph"]["versions_seen"] if parent else {}
+            seen_before = parent_info["versions_seen"] if parent else {}
             seen = plain(cp.get("versions_seen", {}))
             nodes = sorted(
                 k for k, v in seen.items() if seen_before.get(k) != v and k != "__input__"
@@ -159,29 +174,26 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 "metadata": plain(md),
                 "channel_versions": plain(cp["channel_versions"]),
                 "versions_seen": seen,
-                "writes": early["langgraph"]["writes"],
+                "written": plain(dict(new_versions)),
+                "writes": early_info["writes"],
                 "interrupts": [],
             }
             info["interrupts"] = _interrupts(info)
-            serialized = {
+            record = {
                 "checkpoint": _packed(self.serde.dumps_typed(cp)),
                 "metadata": _packed(self.serde.dumps_typed(md)),
                 "blobs": blobs,
                 "blob_at": blob_at,
-                "written": plain(dict(new_versions)),
-                "writes": early["langgraph_serialized"]["writes"],
+                "writes": early_writes,
             }
             size = self._snapshots(run, number, parent, post_state)
-            Step.objects.create(
+            step = Step.objects.create(
                 run=run,
                 number=number,
                 status=StepStatus.SUCCEEDED,
                 attempts=1,
-                decision={
-                    "thought": _summary(info),
-                    "langgraph": info,
-                    "langgraph_serialized": serialized,
-                },
+                decision={"thought": _summary(info), "langgraph": info},
+                checkpoint=record,
                 decided_at=now,
                 decision_count=1,
                 started_at=now,
@@ -192,6 +204,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             Run.objects.filter(pk=run.pk).update(
                 next_step=number + 1, finished_at=now, updated_at=now
             )
+            self._remember(run.pk, (step.pk, cp["id"]), number, written)
         return {
             "configurable": {
                 "thread_id": conf["thread_id"],
@@ -229,12 +242,13 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                             "writes": [],
                             "interrupts": [],
                         },
-                        "langgraph_serialized": {"writes": []},
                     },
+                    checkpoint={"writes": []},
                 )
             info = _decision(step)["langgraph"]
-            ser = _decision(step)["langgraph_serialized"]
-            index = {(w[0], w[1]): i for i, w in enumerate(ser["writes"])}
+            record = step.checkpoint or {"writes": []}
+            stored_writes = record["writes"]
+            index = {(w[0], w[1]): i for i, w in enumerate(stored_writes)}
             for idx, (channel, value) in enumerate(writes):
                 key = (task_id, WRITES_IDX_MAP.get(channel, idx))
                 shown = {
@@ -247,16 +261,16 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 if key in index:
                     if key[1] >= 0:
                         continue  # a task's regular writes are stored once
-                    ser["writes"][index[key]] = stored
+                    stored_writes[index[key]] = stored
                     info["writes"][index[key]] = shown
                 else:
-                    index[key] = len(ser["writes"])
-                    ser["writes"].append(stored)
+                    index[key] = len(stored_writes)
+                    stored_writes.append(stored)
                     info["writes"].append(shown)
             info["interrupts"] = _interrupts(info)
             if step.status == StepStatus.SUCCEEDED:
                 _decision(step)["thought"] = _summary(info)
-            Step.objects.filter(pk=step.pk).update(decision=step.decision)
+            Step.objects.filter(pk=step.pk).update(decision=step.decision, checkpoint=record)
 
     def _delete_thread(self, thread_id: str) -> None:
         with transaction.atomic():
@@ -283,15 +297,9 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             )
         if step is None:
             return None
-        needed = set(_decision(step)["langgraph_serialized"]["blob_at"].values()) - {step.number}
-        decisions: dict[int, Any] = {step.number: _decision(step)}
-        if needed:
-            decisions.update(
-                Step.objects.filter(run_id=run_id, number__in=needed).values_list(
-                    "number", "decision"
-                )
-            )
-        return self._tuple(conf["thread_id"], ns, _decision(step), decisions)
+        records = {step.number: step.checkpoint or {}}
+        self._read_bases(run_id, records, records[step.number]["blob_at"].values())
+        return self._tuple(conf["thread_id"], ns, _decision(step), step.number, records, {})
 
     def _list(
         self,
@@ -311,32 +319,43 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         before_id = get_checkpoint_id(before) if before else None
         threads = dict(runs.values_list("pk", "input__thread_id"))
         rows = Step.objects.filter(run__in=list(threads), status=StepStatus.SUCCEEDED).values_list(
-            "run_id", "number", "decision"
+            "run_id", "number", "decision", "checkpoint"
         )
         by_run: dict[Any, dict[int, Any]] = {}
-        for run_id, number, decision in rows:
+        records: dict[Any, dict[int, Any]] = {}
+        for run_id, number, decision, record in rows:
             by_run.setdefault(run_id, {})[number] = decision
+            records.setdefault(run_id, {})[number] = record or {}
         found = []
         for run_id, decisions in by_run.items():
-            for decision in decisions.values():
+            for number, decision in decisions.items():
                 cid = decision["langgraph"]["checkpoint_id"]
                 if wanted_id and cid != wanted_id:
                     continue
                 if before_id and cid >= before_id:
                     continue
-                found.append((cid, run_id, decision))
+                found.append((cid, run_id, number, decision))
         found.sort(key=lambda f: f[0], reverse=True)
-        for _cid, run_id, decision in found:
-            if limit is not None and limit <= 0:
+        chosen = []
+        for cid, run_id, number, decision in found:
+            if limit is not None and len(chosen) >= limit:
                 break
             if filter:
-                md = self.serde.loads_typed(_unpacked(decision["langgraph_serialized"]["metadata"]))
+                md = self.serde.loads_typed(_unpacked(records[run_id][number]["metadata"]))
                 if not all(md.get(k) == v for k, v in filter.items()):
                     continue
-            if limit is not None:
-                limit -= 1
+            chosen.append((cid, run_id, number, decision))
+        # The values of a run's checkpoints are decoded once for all of them, oldest
+        # first, so an appended list decodes only its new items.
+        memos: dict[Any, dict[tuple[int, str], Any]] = {run_id: {} for run_id in records}
+        tuples = {}
+        for _cid, run_id, number, decision in sorted(chosen, key=lambda c: c[2]):
             ns = decision["langgraph"]["checkpoint_ns"]
-            yield self._tuple(threads[run_id], ns, decision, by_run[run_id])
+            tuples[(run_id, number)] = self._tuple(
+                threads[run_id], ns, decision, number, records[run_id], memos[run_id]
+            )
+        for _cid, run_id, number, _ in chosen:
+            yield tuples[(run_id, number)]
 
     # --- the sync methods: each returns its thread's database connection when done ----
 
@@ -470,15 +489,61 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         wanted = dict(missing)
         found: dict[str, int] = {}
         rows = Step.objects.filter(run_id=run_id).order_by("-number")
-        for number, written in rows.values_list(
-            "number", "decision__langgraph_serialized__written"
-        ):
+        for number, written in rows.values_list("number", "decision__langgraph__written"):
             for channel, version in (written or {}).items():
                 if wanted.get(channel) == version and channel not in found:
                     found[channel] = number
             if len(found) == len(wanted):
                 break
         return found
+
+    def _base(
+        self, run_id: Any, channel: str, parent: Step | None, parent_at: Mapping[str, int]
+    ) -> tuple[int, str, bytes, int, int] | None:
+        """The channel's previous value, as `checkpoints.blob` takes it, when this saver
+        wrote it in the parent step (the usual case: a thread's next super-step)."""
+        if parent is None or parent_at.get(channel) != parent.number:
+            return None
+        with self._lock:
+            last = self._last.get((run_id, channel))
+        if last is None or last[0] != (parent.pk, _decision(parent)["langgraph"]["checkpoint_id"]):
+            return None
+        return last[1:]
+
+    def _remember(
+        self, run_id: Any, step: tuple[int, str], number: int, written: Sequence[tuple[Any, ...]]
+    ) -> None:
+        with self._lock:
+            for channel, kind, data, chain, keyframe in written:
+                key = (run_id, channel)
+                old = self._last.pop(key, None)
+                self._last_bytes -= len(old[3]) if old else 0
+                self._last[key] = (step, number, kind, data, chain, keyframe)
+                self._last_bytes += len(data)
+            while self._last_bytes > CACHE_BYTES and self._last:
+                self._last_bytes -= len(self._last.popitem(last=False)[1][3])
+
+    def _read_bases(self, run_id: Any, records: dict[int, Any], numbers: Any) -> None:
+        """Add to `records` the steps a checkpoint's values are read from: the steps that
+        wrote them, then the steps back to their keyframes."""
+        needed = set(numbers) - set(records)
+        if needed:
+            records.update(
+                Step.objects.filter(run_id=run_id, number__in=needed).values_list(
+                    "number", "checkpoint"
+                )
+            )
+        ranges = Q()
+        for number in set(numbers):
+            for stored in records[number]["blobs"].values():
+                keyframe = checkpoints.needs(stored)
+                if keyframe is not None:
+                    ranges |= Q(number__gte=keyframe, number__lt=number)
+        if ranges:
+            rows = Step.objects.filter(ranges, run_id=run_id, status=StepStatus.SUCCEEDED)
+            records.update(
+                rows.exclude(number__in=list(records)).values_list("number", "checkpoint")
+            )
 
     def _snapshots(
         self, run: Run, number: int, parent: Step | None, post_state: dict[str, Any]
@@ -498,15 +563,21 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         return post.size
 
     def _tuple(
-        self, thread_id: Any, ns: str, decision: dict[str, Any], decisions: dict[int, Any]
+        self,
+        thread_id: Any,
+        ns: str,
+        decision: dict[str, Any],
+        number: int,
+        records: Mapping[int, Any],
+        memo: dict[tuple[int, str], Any],
     ) -> CheckpointTuple:
-        info, ser = decision["langgraph"], decision["langgraph_serialized"]
-        checkpoint = self.serde.loads_typed(_unpacked(ser["checkpoint"]))
+        info, record = decision["langgraph"], records[number]
+        checkpoint = self.serde.loads_typed(_unpacked(record["checkpoint"]))
         values = {}
-        for channel, number in ser["blob_at"].items():
-            blob = decisions[number]["langgraph_serialized"]["blobs"].get(channel)
-            if blob is not None and blob[0] != "empty":
-                values[channel] = self.serde.loads_typed(_unpacked(blob))
+        for channel, at in record["blob_at"].items():
+            value = self._value(records, at, channel, memo)
+            if value is not _NOTHING:
+                values[channel] = value
         checkpoint["channel_values"] = values
         parent_id = info["parent_checkpoint_id"]
         return CheckpointTuple(
@@ -518,7 +589,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 }
             },
             checkpoint=checkpoint,
-            metadata=self.serde.loads_typed(_unpacked(ser["metadata"])),
+            metadata=self.serde.loads_typed(_unpacked(record["metadata"])),
             parent_config={
                 "configurable": {
                     "thread_id": thread_id,
@@ -529,10 +600,56 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             if parent_id
             else None,
             pending_writes=[
-                (task_id, channel, self.serde.loads_typed((kind, base64.b64decode(data))))
-                for task_id, _idx, channel, kind, data, _path in ser["writes"]
+                (task_id, channel, self.serde.loads_typed((kind, checkpoints.data(data))))
+                for task_id, _idx, channel, kind, data, _path in record["writes"]
             ],
         )
+
+    def _value(
+        self,
+        records: Mapping[int, Any],
+        number: int,
+        channel: str,
+        memo: dict[tuple[int, str], Any],
+    ) -> Any:
+        """The channel's value stored in step `number`: a list of its own (its items may be
+        the same objects as in another value of this call's), or a value decoded anew."""
+        stored = records[number]["blobs"].get(channel)
+        if stored is None or stored[0] == "empty":
+            return _NOTHING
+        listed = self._listed(records, number, channel, memo)
+        if listed is not None:
+            return list(listed)
+        return self.serde.loads_typed((stored[1], checkpoints.data(stored[2])))
+
+    def _listed(
+        self,
+        records: Mapping[int, Any],
+        number: int,
+        channel: str,
+        memo: dict[tuple[int, str], Any],
+    ) -> list[Any] | None:
+        """A list value decoded once per call (`memo`): an extension's base items, then its
+        own; a keyframe whose base is decoded already decodes only the items after it."""
+        key = (number, channel)
+        if key in memo:
+            return memo[key]
+        stored = records[number]["blobs"][channel]
+        if stored[0] != "ext" and (len(stored) < 7 or (stored[4], channel) not in memo):
+            return None
+        kind, data, items, base_number, base_items = stored[1:6]
+        base = self._listed(records, base_number, channel, memo)
+        if base is None:
+            kind, whole = checkpoints.value_bytes(records, base_number, channel) or ("", b"")
+            base = self.serde.loads_typed((kind, whole))
+            memo[(base_number, channel)] = base
+        tail = checkpoints.data(data)
+        if stored[0] == "full":
+            tail = tail[stored[6] :]
+        header = checkpoints.array_header(items - base_items)
+        value = base + self.serde.loads_typed((kind, header + tail))
+        memo[key] = value
+        return value
 
 
 @contextmanager
@@ -547,6 +664,9 @@ def _connection_returned() -> Iterator[None]:
     finally:
         if not outer and threading.current_thread() is not threading.main_thread():
             connection.close()
+
+
+_NOTHING = object()
 
 
 def _decision(step: Step) -> dict[str, Any]:
