@@ -100,6 +100,13 @@ def blob(
     return ["ext", kind, tail, shape[0], number, base_shape[0], keyframe], chain + 1, keyframe
 
 
+def extends(stored: list[Any]) -> tuple[int, int] | None:
+    """(the base's step, its item count) of a blob whose first items are the base value's."""
+    if stored[0] == "ext" or (stored[0] == "full" and len(stored) > 4):
+        return stored[4], stored[5]
+    return None
+
+
 def needs(stored: list[Any]) -> int | None:
     """The step a blob's reading starts from when it is an extension (its keyframe)."""
     return stored[6] if stored[0] == "ext" else None

@@ -102,6 +102,11 @@ def test_a_growing_list_is_stored_as_its_new_items_and_read_back_whole():
     forms = [records[k]["blobs"]["messages"][0] for k in sorted(records)]
     assert forms.count("full") == 3 and forms.count("ext") == n - 3
     assert len(json.dumps(records[n]["blobs"]["messages"])) < 1000  # one message, not n
+    # The snapshots' plain values, built from the previous step's and the new items, are
+    # the values' own.
+    for k in (1, 2, checkpoints.CHAIN, n):
+        post = snapshots.load(run_id_for("growing"), k, "post")
+        assert post == {"messages": plain(stored[k - 1][1]), "count": k - 1}
     # Read by a saver that didn't write them (no cache), one checkpoint at a time...
     reader = AgentrunSaver()
     for config, messages in stored:
@@ -133,3 +138,28 @@ def test_a_list_that_is_rewritten_or_branched_is_stored_whole():
     assert saver.get_tuple(edited_config).checkpoint["channel_values"]["messages"] == edited
     for config, messages in branch:
         assert saver.get_tuple(config).checkpoint["channel_values"]["messages"] == messages
+
+
+def test_two_savers_writing_one_thread_number_its_steps_in_order():
+    """A saver puts a checkpoint after its own last one without reading first: when
+    another saver (another process) put one in between, the run's next step number has
+    moved, the write is refused and the checkpoint is put the careful way."""
+    first, second = AgentrunSaver(), AgentrunSaver()
+    one = _grow(first, "shared", 2)
+    parent_config, messages = one[-1]
+    # The other saver continues the thread...
+    more = [*messages, AIMessage("from the second saver", id="s")]
+    cp = checkpoint({"messages": more, "count": 5}, {"messages": 5, "count": 5})
+    second.put(parent_config, cp, {"step": 2}, {"messages": 5, "count": 5})
+    # ...and the first one branches from its own last checkpoint.
+    other = [*messages, AIMessage("from the first saver", id="f")]
+    cp = checkpoint({"messages": other, "count": 6}, {"messages": 6, "count": 6})
+    branch = first.put(parent_config, cp, {"step": 2}, {"messages": 6, "count": 6})
+    first.put_writes(branch, [("count", 7)], "task-1")
+    steps = Step.objects.filter(run_id=run_id_for("shared")).order_by("number")
+    assert [s.number for s in steps] == [1, 2, 3, 4]
+    tup = AgentrunSaver().get_tuple(branch)
+    assert tup.checkpoint["channel_values"]["messages"] == other
+    assert tup.pending_writes == [("task-1", "count", 7)]
+    assert snapshots.load(run_id_for("shared"), 4, "pre")["messages"] == plain(messages)
+    assert snapshots.load(run_id_for("shared"), 4, "post")["messages"] == plain(other)
