@@ -31,8 +31,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: Extensions in a row before a channel's value is stored whole again.
-CHAIN = 32
+#: Extensions in a row before a channel's value is stored whole again: reading one value
+#: reads at most this many steps' records; the whole history parses one whole value
+#: every CHAIN steps.
+CHAIN = 64
 
 
 def text(data: bytes) -> str:

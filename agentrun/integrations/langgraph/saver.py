@@ -28,12 +28,13 @@ an agentrun worker, which could not run it).
 
 from __future__ import annotations
 
+import queue
 import threading
 import uuid
 import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +156,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         super().__init__(serde=serde)
         # run id -> what this saver kept of the last checkpoint it put in the run.
         self._threads: OrderedDict[Any, _Last] = OrderedDict()
+        self._db = _DatabaseThread()
         # Runs where this saver made writes wait for their checkpoint's put.
         self._early: set[Any] = set()
         self._lock = threading.Lock()
@@ -566,7 +568,8 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         for _cid, run_id, number, _ in chosen:
             yield tuples[(run_id, number)]
 
-    # --- the sync methods: each returns its thread's database connection when done ----
+    # --- the sync methods: on the saver's database thread, unless called in a transaction
+    # or on the main thread (`_DatabaseThread`) ------------------------------------------
 
     def put(
         self,
@@ -575,8 +578,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        with _connection_returned():
-            return self._put(config, checkpoint, metadata, new_versions)
+        return self._db.call(self._put, config, checkpoint, metadata, new_versions)
 
     def put_writes(
         self,
@@ -585,16 +587,13 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        with _connection_returned():
-            self._put_writes(config, writes, task_id, task_path)
+        self._db.call(self._put_writes, config, writes, task_id, task_path)
 
     def delete_thread(self, thread_id: str) -> None:
-        with _connection_returned():
-            self._delete_thread(thread_id)
+        self._db.call(self._delete_thread, thread_id)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        with _connection_returned():
-            return self._get_tuple(config)
+        return self._db.call(self._get_tuple, config)
 
     def list(
         self,
@@ -604,8 +603,9 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        with _connection_returned():
-            found = list(self._list(config, filter=filter, before=before, limit=limit))
+        found = self._db.call(
+            lambda: list(self._list(config, filter=filter, before=before, limit=limit))
+        )
         yield from found
 
     # --- async: the same work on a thread, as Django's ORM is synchronous ----------
@@ -890,18 +890,55 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         return value
 
 
-@contextmanager
-def _connection_returned() -> Iterator[None]:
+class _DatabaseThread:
     """LangGraph calls a saver from threads of its own (a graph's background puts, an
-    executor's): each would keep a database connection for the thread's life, and a
-    connection pool runs dry. Outside a transaction of the caller's, a thread other than
-    the main one gives its connection back when the call is done."""
-    outer = connection.in_atomic_block
-    try:
-        yield
-    finally:
-        if not outer and threading.current_thread() is not threading.main_thread():
-            connection.close()
+    executor's). Each would keep a database connection for the thread's life, and a
+    connection pool runs dry; giving it back after each call costs a connection check
+    (a round trip) at the next. So calls from other threads run on one thread of the
+    saver's, one at a time (as `PostgresSaver` serializes on its one connection), which
+    keeps its connection between calls and gives it back after `IDLE` seconds without
+    one, when it ends. Calls inside a transaction of the caller's run in it; calls from
+    the main thread run there, on its own connection, as any Django code would."""
+
+    IDLE = 1.0
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Any, tuple[Any, ...], Future[Any]]]
+        self._calls = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        here = threading.current_thread()
+        if connection.in_atomic_block or here is threading.main_thread() or here is self._thread:
+            return fn(*args)
+        done: Future[Any] = Future()
+        with self._lock:
+            self._calls.put((fn, args, done))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="agentrun-saver", daemon=True
+                )
+                self._thread.start()
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                fn, args, done = self._calls.get(timeout=self.IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if self._calls.empty():
+                        connection.close()
+                        self._thread = None
+                        return
+                continue
+            try:
+                done.set_result(fn(*args))
+            except BaseException as exc:  # handed to the caller
+                done.set_exception(exc)
+                if connection.connection is not None and not connection.is_usable():
+                    connection.close()  # a dead connection (a server restart): a new one next
 
 
 _NOTHING = object()
