@@ -23,10 +23,6 @@ def _langgraph_steps(apps):
     return Step, Step.objects.filter(run__agent="langgraph").order_by("run_id", "number")
 
 
-def _new_bytes(packed):
-    return [packed[0], checkpoints.text(base64.b64decode(packed[1]))]
-
-
 def _old_bytes(kind, data):
     return [kind, base64.b64encode(data).decode()]
 
@@ -42,26 +38,9 @@ def forward(apps, schema_editor):
     batch = []
     for step in steps.iterator(chunk_size=BATCH):
         decision = step.decision or {}
-        old = decision.pop("langgraph_serialized", None)
-        if old is None:
+        record = checkpoints.moved_out(decision)
+        if record is None:
             continue
-        record = {
-            "writes": [
-                [task, idx, channel, *_new_bytes([kind, data]), path]
-                for task, idx, channel, kind, data, path in old.get("writes", [])
-            ]
-        }
-        if "checkpoint" in old:
-            record["checkpoint"] = _new_bytes(old["checkpoint"])
-            record["metadata"] = _new_bytes(old["metadata"])
-            record["blob_at"] = old["blob_at"]
-            record["blobs"] = {
-                channel: ["empty"]
-                if kind == "empty"
-                else checkpoints.whole(kind, base64.b64decode(data))
-                for channel, (kind, data) in old["blobs"].items()
-            }
-            decision["langgraph"]["written"] = old.get("written", {})
         step.decision, step.checkpoint = decision, record
         batch.append(step)
         if len(batch) == BATCH:

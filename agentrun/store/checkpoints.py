@@ -28,6 +28,7 @@ Blob forms, by their first element:
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,14 +38,18 @@ from typing import Any
 CHAIN = 64
 
 
+# A NUL can't be stored in text (PostgreSQL's, an archive's): byte 0 is this character.
+_NUL = "\u0100"
+
+
 def text(data: bytes) -> str:
-    """Bytes as a JSON-storable string, one character per byte."""
-    return data.decode("latin-1")
+    """Bytes as a storable string, one character per byte (its latin-1 one, but NUL's)."""
+    return data.decode("latin-1").replace("\x00", _NUL)
 
 
 def data(stored: str) -> bytes:
     """The bytes of `text`'s string."""
-    return stored.encode("latin-1")
+    return stored.replace(_NUL, "\x00").encode("latin-1")
 
 
 def array(data: bytes) -> tuple[int, int] | None:
@@ -130,3 +135,33 @@ def value_bytes(
     assert shape is not None
     body = base[1][shape[1] :] + data(stored[2])
     return stored[1], array_header(stored[3]) + body
+
+
+def moved_out(decision: dict[str, Any]) -> dict[str, Any] | None:
+    """A step decision written before the record had a column of its own (migration 0022;
+    an archive exported then): its `langgraph_serialized`, base64 text, is taken out of it
+    (in place) and returned as the column's record, each value whole; the versions the step
+    wrote stay in the decision (`langgraph.written`). None if it has none."""
+    old = decision.pop("langgraph_serialized", None)
+    if old is None:
+        return None
+
+    def moved(kind: str, text_b64: str) -> list[str]:
+        return [kind, text(base64.b64decode(text_b64))]
+
+    record: dict[str, Any] = {
+        "writes": [
+            [task, idx, channel, *moved(kind, value), path]
+            for task, idx, channel, kind, value, path in old.get("writes", [])
+        ]
+    }
+    if "checkpoint" in old:
+        record["checkpoint"] = moved(*old["checkpoint"])
+        record["metadata"] = moved(*old["metadata"])
+        record["blob_at"] = old["blob_at"]
+        record["blobs"] = {
+            channel: ["empty"] if kind == "empty" else whole(kind, base64.b64decode(value))
+            for channel, (kind, value) in old["blobs"].items()
+        }
+        decision.setdefault("langgraph", {})["written"] = old.get("written", {})
+    return record
