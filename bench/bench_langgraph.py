@@ -296,7 +296,10 @@ def report(results: list[dict[str, Any]], args: Any, started: str, load: tuple) 
         pg, ar = series("postgres", key), series("agentrun", key)
         if key in ("history_ms", "list_ms", "latest_ms"):
             r = statistics.median(ratio(key))
-            shown = f"{r:,.0f}× faster" if r >= 10 else f"{r:.2f}× faster"
+            if r >= 10:
+                shown = f"{r:,.0f}× faster"
+            else:
+                shown = f"{r:.2f}× faster" if r >= 1 else f"{1 / r:.2f}× slower"
             verdict = "" if limit is None else ("**met**" if r >= limit else "**missed**")
         else:
             r = statistics.median(ratio(key, invert=True))

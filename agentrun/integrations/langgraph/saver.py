@@ -438,10 +438,16 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             step_pk, before = last.key[0], last.stored
         self._merge_writes(decision, record, writes, task_id, task_path)
         stored = _stored(record)
-        done = Step.objects.filter(pk=step_pk, checkpoint=before).update(
-            decision=decision, checkpoint=stored
+        row = rawsql.run_statement(
+            _WRITES_PUT,
+            [
+                rawsql.prep(Step, "decision", decision),
+                rawsql.prep(Step, "checkpoint", stored),
+                step_pk,
+                rawsql.prep(Step, "checkpoint", before),
+            ],
         )
-        if not done:
+        if row is None:
             return False
         with self._lock:
             if last.stored is before:
@@ -953,6 +959,12 @@ def _stored(record: dict[str, Any]) -> Prepared:
 _RUN_PUT = (
     "UPDATE agentrun_run SET next_step = %s, finished_at = %s, updated_at = %s"
     " WHERE id = %s AND next_step = %s"
+)
+# A task's writes on the step of the run's last checkpoint, if its record is as this saver
+# wrote it last (prepared on PostgreSQL: sent once per step).
+_WRITES_PUT = (
+    "UPDATE agentrun_step SET decision = %s, checkpoint = %s WHERE id = %s AND checkpoint = %s"
+    " RETURNING id"
 )
 # Any writes waiting for a checkpoint's put in the run (read before the put's write).
 _WAITING = (
