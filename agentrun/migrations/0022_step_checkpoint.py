@@ -9,6 +9,7 @@ appended list's value whole again.
 """
 
 import base64
+from typing import Any
 
 from django.db import migrations
 
@@ -57,7 +58,7 @@ def backward(apps, schema_editor):
             records = {step.run_id: {}}  # the steps of one run at a time
         run_records = records[step.run_id]
         record = run_records[step.number] = step.checkpoint
-        old = {
+        old: dict[str, Any] = {
             "writes": [
                 [task, idx, channel, *_old_bytes(kind, checkpoints.data(data)), path]
                 for task, idx, channel, kind, data, path in record.get("writes", [])

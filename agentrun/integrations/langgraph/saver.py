@@ -28,6 +28,7 @@ an agentrun worker, which could not run it).
 
 from __future__ import annotations
 
+import builtins
 import queue
 import threading
 import uuid
@@ -133,7 +134,7 @@ class _Last:
             new.state,
             node,
             post,
-            step.decision,
+            step.decision or {},
             new.record,
             new.stored,
         )
@@ -174,9 +175,8 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "") or ""
         parent_id = conf.get("checkpoint_id")
-        new = _New(
-            config, dict(checkpoint), get_checkpoint_metadata(config, metadata), new_versions
-        )
+        md = dict(get_checkpoint_metadata(config, metadata))
+        new = _New(config, dict(checkpoint), md, new_versions)
         run_id = run_id_for(thread_id, ns)
         last = self._kept(run_id, parent_id)
         if last is None or not self._put_after(run_id, last, new):
@@ -415,7 +415,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             with self._lock:
                 last = self._threads.get(run_id)
                 if last is not None and last.key[0] == step.pk:
-                    last.decision, last.record, last.stored = step.decision, record, stored
+                    last.decision, last.record, last.stored = _decision(step), record, stored
 
     def _put_writes_on_last(
         self,
@@ -553,7 +553,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                     continue
                 found.append((cid, run_id, number, decision))
         found.sort(key=lambda f: f[0], reverse=True)
-        chosen = []
+        chosen: builtins.list[tuple[str, Any, int, dict[str, Any]]] = []
         for cid, run_id, number, decision in found:
             if limit is not None and len(chosen) >= limit:
                 break
@@ -746,7 +746,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         cp: dict[str, Any],
         values: dict[str, Any],
         same: set[str],
-        blobs: dict[str, list[Any]],
+        blobs: dict[str, builtins.list[Any]],
         last: _Last | None,
     ) -> dict[str, Any]:
         """The checkpoint's values as plain JSON. A value at the parent's version is the
@@ -872,7 +872,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         number: int,
         channel: str,
         memo: dict[tuple[int, str], Any],
-    ) -> list[Any] | None:
+    ) -> builtins.list[Any] | None:
         """A list value decoded once per call (`memo`): an extension's base items, then its
         own; a keyframe whose base is decoded already decodes only the items after it."""
         key = (number, channel)
