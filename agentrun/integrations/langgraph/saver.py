@@ -535,9 +535,9 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         wanted_id = get_checkpoint_id(config) if config else None
         before_id = get_checkpoint_id(before) if before else None
         threads = dict(runs.values_list("pk", "input__thread_id"))
-        rows = Step.objects.filter(run__in=list(threads), status=StepStatus.SUCCEEDED).values_list(
-            "run_id", "number", "decision", "checkpoint"
-        )
+        # (order_by(): a step's default order is by run, which joins the runs' table)
+        steps = Step.objects.filter(run__in=list(threads), status=StepStatus.SUCCEEDED)
+        rows = steps.order_by().values_list("run_id", "number", "decision", "checkpoint")
         by_run: dict[Any, dict[int, Any]] = {}
         records: dict[Any, dict[int, Any]] = {}
         for run_id, number, decision, record in rows:
@@ -778,9 +778,9 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         needed = set(numbers) - set(records)
         if needed:
             records.update(
-                Step.objects.filter(run_id=run_id, number__in=needed).values_list(
-                    "number", "checkpoint"
-                )
+                Step.objects.filter(run_id=run_id, number__in=needed)
+                .order_by()
+                .values_list("number", "checkpoint")
             )
         ranges = Q()
         for number in set(numbers):
@@ -789,7 +789,9 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 if keyframe is not None:
                     ranges |= Q(number__gte=keyframe, number__lt=number)
         if ranges:
-            rows = Step.objects.filter(ranges, run_id=run_id, status=StepStatus.SUCCEEDED)
+            rows = Step.objects.filter(
+                ranges, run_id=run_id, status=StepStatus.SUCCEEDED
+            ).order_by()
             records.update(
                 rows.exclude(number__in=list(records)).values_list("number", "checkpoint")
             )
