@@ -277,6 +277,48 @@ class StepStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class CompressedJSONField(models.Field):
+    """JSON stored as zlib-compressed compact text (bytea on PostgreSQL, BLOB on SQLite).
+
+    Reads back exactly what was written, like JSONText (jsonb would rewrite
+    numbers), in a third to a half of the text's bytes: agent states and tool
+    results are mostly prose; PostgreSQL's own pglz packs it a third less and only
+    tries on rows over 2 KB. The conversion happens in get_db_prep_value and
+    from_db_value, so raw SQL can insert `field.get_db_prep_value(value, connection)`.
+    A value may also be stored packed against a snapshot's text (`pack`): reading it
+    reads that snapshot's data too; `inflate` turns any stored bytes into the text.
+    """
+
+    description = "JSON, zlib-compressed"
+    empty_strings_allowed = False
+    level = LEVEL
+
+    def get_internal_type(self) -> str:
+        return "BinaryField"
+
+    def get_prep_value(self, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, Prepared):
+            return bytes(value)
+        return zlib.compress(json_text(value).encode(), self.level)
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        return value if prepared else self.get_prep_value(value)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        return None if value is None else json.loads(inflate(value))
+
+    def to_python(self, value: Any) -> Any:
+        return value
+
+    def value_to_string(self, obj: Any) -> Any:
+        return self.value_from_object(obj)  # serializers write it as JSON, as for JSONField
+
+    def formfield(self, **kwargs: Any) -> Any:
+        return super().formfield(**{"form_class": forms.JSONField, **kwargs})
+
+
 class Step(models.Model):
     # No index of its own: step_run_number starts with run.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
@@ -295,6 +337,9 @@ class Step(models.Model):
     phase_after = models.CharField(max_length=16, blank=True)
     # thought, rationale, calls | final; for LLM agents also the raw request/response.
     decision = models.JSONField(null=True, blank=True)
+    # A framework's own checkpoint of the step, in its own format (agentrun.store.checkpoints):
+    # read back by its checkpointer (LangGraph's), never shown. Null for agentrun's agents.
+    checkpoint = CompressedJSONField(null=True, blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_count = models.IntegerField(default=0)
     failure = models.JSONField(null=True, blank=True)
@@ -354,48 +399,6 @@ class JSONText(models.TextField):
 
     def get_prep_value(self, value: Any) -> Any:
         return None if value is None else json_text(value)
-
-
-class CompressedJSONField(models.Field):
-    """JSON stored as zlib-compressed compact text (bytea on PostgreSQL, BLOB on SQLite).
-
-    Reads back exactly what was written, like JSONText (jsonb would rewrite
-    numbers), in a third to a half of the text's bytes: agent states and tool
-    results are mostly prose; PostgreSQL's own pglz packs it a third less and only
-    tries on rows over 2 KB. The conversion happens in get_db_prep_value and
-    from_db_value, so raw SQL can insert `field.get_db_prep_value(value, connection)`.
-    A value may also be stored packed against a snapshot's text (`pack`): reading it
-    reads that snapshot's data too; `inflate` turns any stored bytes into the text.
-    """
-
-    description = "JSON, zlib-compressed"
-    empty_strings_allowed = False
-    level = LEVEL
-
-    def get_internal_type(self) -> str:
-        return "BinaryField"
-
-    def get_prep_value(self, value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, Prepared):
-            return bytes(value)
-        return zlib.compress(json_text(value).encode(), self.level)
-
-    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
-        return value if prepared else self.get_prep_value(value)
-
-    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
-        return None if value is None else json.loads(inflate(value))
-
-    def to_python(self, value: Any) -> Any:
-        return value
-
-    def value_to_string(self, obj: Any) -> Any:
-        return self.value_from_object(obj)  # serializers write it as JSON, as for JSONField
-
-    def formfield(self, **kwargs: Any) -> Any:
-        return super().formfield(**{"form_class": forms.JSONField, **kwargs})
 
 
 class HashField(models.Field):

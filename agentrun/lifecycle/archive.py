@@ -49,7 +49,7 @@ from agentrun.models import (
 )
 from agentrun.security import storable
 from agentrun.state import SCHEMA_VERSION
-from agentrun.store import delta, hashing, snapshots
+from agentrun.store import checkpoints, delta, hashing, snapshots
 from agentrun.store.codec import inflate_many
 from agentrun.store.paths import touched_paths
 
@@ -516,6 +516,7 @@ _ADDED_LATER = frozenset(
         "tokens_cached",
         "cost_usd",
         "trace_parent",
+        "checkpoint",
     }
 )
 
@@ -968,7 +969,11 @@ class _Writer:
                 snap.paths = self.checked.keyframe_paths.get(key, snap.paths)
             self.pending.append(snap)
         elif kind == "step":
-            self.pending.append(_build(Step, STEP_FIELDS, record, where, run_id=run_id))
+            step = _build(Step, STEP_FIELDS, record, where, run_id=run_id)
+            if step.checkpoint is None and isinstance(step.decision, dict):
+                # A LangGraph step exported before its record had a column of its own.
+                step.checkpoint = checkpoints.moved_out(step.decision)
+            self.pending.append(step)
         elif kind == "tool_call":
             if not self.step_ids:
                 self.step_ids = dict(Step.objects.filter(run_id=run_id).values_list("number", "pk"))
