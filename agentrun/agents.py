@@ -102,6 +102,10 @@ class Decision:
     #: More of what the agent decided, stored with the decision under keys of its own
     #: (an integration's record of the step; a recorded fork's provenance).
     extra: dict[str, Any] = field(default_factory=dict)
+    #: A framework's own record of the step, in its own format (`Step.checkpoint`,
+    #: agentrun.store.checkpoints): stored with the decision, never shown nor redacted,
+    #: and not part of `to_dict`.
+    checkpoint: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {

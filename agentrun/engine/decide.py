@@ -52,7 +52,9 @@ MAX_RETRY_AFTER = 600.0
 
 def decide_step(ctx: Claimed) -> Decision | Outcome:
     if ctx.step.decision is not None:
-        return Decision.from_dict(sorted_keys(ctx.step.decision))
+        stored_decision = Decision.from_dict(sorted_keys(ctx.step.decision))
+        stored_decision.checkpoint = ctx.step.checkpoint
+        return stored_decision
     if (
         ctx.run.mode == ReplayMode.RECORDED
         and ctx.run.divergence_step is None
@@ -103,10 +105,13 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
     llm = decision.llm or {}
     now = timezone.now()
     write = lease_guard(ctx, now)
+    # A framework's record of the step (a LangGraph checkpoint) goes with the decision.
+    record = {} if decision.checkpoint is None else {"checkpoint": decision.checkpoint}
     write.update(
         Step,
         ctx.step.pk,
         {
+            **record,
             "decision": stored,
             "decided_at": now,
             "decision_count": rawsql.Sql("decision_count + 1"),
@@ -118,7 +123,9 @@ def decide_step(ctx: Claimed) -> Decision | Outcome:
         },
     )
     # Work on exactly what was stored, as a retry would.
+    checkpoint = decision.checkpoint
     decision = Decision.from_dict(sorted_keys(stored))
+    decision.checkpoint = checkpoint
     ctx.calls = [_planned_call(ctx, i, call) for i, call in enumerate(decision.calls)]
     # Calls that must be on record before they run: side effects (their intent)
     # and calls awaiting approval. A read call's row is written with its result.

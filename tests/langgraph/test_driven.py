@@ -14,6 +14,7 @@ from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
 
 from agentrun.agents import InvalidInput  # noqa: E402
 from agentrun.integrations.langgraph import AgentrunSaver, run_id_for  # noqa: E402
+from agentrun.integrations.langgraph.plain import plain  # noqa: E402
 from agentrun.lifecycle import services  # noqa: E402
 from agentrun.models import Run, Step  # noqa: E402
 from agentrun.store import snapshots  # noqa: E402
@@ -296,3 +297,94 @@ def _async_graph():
 
 
 ASYNC_GRAPH = _async_graph()
+
+
+def test_an_engine_run_thread_is_stored_as_the_saver_stores_one(orders_fake):
+    """The steps the workers run hold the serialized checkpoint in `Step.checkpoint`, the
+    saver's record, not in the decision: LangGraph lists the thread through the saver, and
+    an application goes on with it through the saver."""
+    orders_fake.push(completion(tool_calls=[tool_call("lookup_order", {"order_id": "9"})]))
+    orders_fake.push(completion("Order 9 shipped."))
+    run = services.start_run(
+        "langgraph",
+        {
+            "graph": ORDERS,
+            "thread_id": "stored-9",
+            "input": {"messages": [{"type": "human", "content": "Where is order 9?"}]},
+        },
+    )
+    run = drive(run)
+    assert run.status == "succeeded", run.error
+    steps = list(Step.objects.filter(run=run).order_by("number"))
+    for step in steps:
+        assert "langgraph_serialized" not in step.decision
+        assert set(step.checkpoint) == {"checkpoint", "metadata", "blobs", "blob_at", "writes"}
+        assert step.decision["langgraph"]["written"], step.number
+    # Each value is stored by the step that wrote its version, and pointed at after.
+    assert steps[-1].checkpoint["blob_at"]["messages"] == steps[-1].number
+    assert steps[2].checkpoint["blobs"]["messages"][0] == "full"
+
+    saver = AgentrunSaver()
+    history = list(saver.list({"configurable": {"thread_id": "stored-9"}}))
+    ids = [s.decision["langgraph"]["checkpoint_id"] for s in reversed(steps)]
+    assert [t.config["configurable"]["checkpoint_id"] for t in history] == ids
+    for found, step in zip(history, reversed(steps), strict=True):
+        post = snapshots.load(run.pk, step.number, "post")
+        assert plain(found.checkpoint["channel_values"]) == post
+        parent = step.decision["langgraph"]["parent_checkpoint_id"]
+        assert (found.parent_config or {}).get("configurable", {}).get("checkpoint_id") == parent
+
+    # A LangGraph application goes on with the thread the workers ran.
+    from langchain_core.messages import HumanMessage
+
+    from tests.langgraph.orders_graph import build_graph
+
+    orders_fake.push(completion("You're welcome."))
+    app = build_graph(orders_fake.base_url, AgentrunSaver())
+    config = {"configurable": {"thread_id": "stored-9"}}
+    result = app.invoke({"messages": [HumanMessage("Thanks!")]}, config)
+    assert [m.content for m in result["messages"]][-3:] == [
+        "Order 9 shipped.",
+        "Thanks!",
+        "You're welcome.",
+    ]
+    assert Step.objects.filter(run=run).count() > len(steps)
+
+
+def test_a_step_retried_after_its_decision_was_stored_reads_its_checkpoint_back(
+    orders_fake, monkeypatch
+):
+    """A step that stops after its decision (and checkpoint record) are stored is retried
+    with that decision, not decided again, and commits from the stored record."""
+    from agentrun.engine import step as engine_step
+
+    orders_fake.push(completion("No tool needed."))
+    real_calls_of = engine_step.calls_of
+    stopped = []
+
+    def stop_once(ctx, decision):
+        if not stopped and ctx.step.number == 3:
+            stopped.append(ctx.step.number)
+            raise RuntimeError("the worker stopped after the decision was stored")
+        return real_calls_of(ctx, decision)
+
+    monkeypatch.setattr(engine_step, "calls_of", stop_once)
+    run = services.start_run(
+        "langgraph",
+        {
+            "graph": ORDERS,
+            "thread_id": "retried-1",
+            "input": {"messages": [{"type": "human", "content": "Hello"}]},
+        },
+    )
+    with pytest.raises(RuntimeError, match="after the decision was stored"):
+        drive(run)  # the step's exception escapes, as from a worker's task
+    assert stopped == [3]
+    run = drive(run, through_backoff=True)
+    assert run.status == "succeeded", run.error
+    step = Step.objects.get(run=run, number=3)
+    assert step.crashes == 1 and step.decision_count == 1
+    assert step.decision["langgraph"]["nodes"] == ["agent"]
+    assert len(orders_fake.chat_requests()) == 1
+    state = orders_graph_state("retried-1")
+    assert state.values["messages"][-1].content == "No tool needed."

@@ -3,15 +3,16 @@
 A graph named in AGENTRUN_LANGGRAPH_GRAPHS (`module:attribute` of a compiled graph) can
 be run here: forked from a checkpoint of one of its threads, or started as a run. Such a
 run is a thread like the saver's (agent `langgraph`, its id `run_id_for(thread id)`, each
-checkpoint a step in the saver's format, so LangGraph reads it with `AgentrunSaver`), but
+checkpoint a step in the saver's format: the `langgraph` record in the decision, the
+serialized one in `Step.checkpoint`, so LangGraph reads it with `AgentrunSaver`), but
 its steps are the engine's: claimed with a lease, retried after a crash, committed with
 a compare-and-set.
 
 One step is one super-step: its decide seeds an in-memory checkpointer with the thread's
 last committed checkpoint (a fork's first step: the parent's checkpoint, with the edits
 applied by `update_state`), lets the graph run until it has written the next checkpoint,
-and returns that checkpoint as the step's decision; the engine stores it before the
-commit, so a retried step reuses it, and the commit's post snapshot is its channel
+and returns that checkpoint as the step's decision (its serialized record as the
+decision's `checkpoint`); the engine stores both before the commit, so a retried step reuses it, and the commit's post snapshot is its channel
 values. A worker that dies in a super-step leaves nothing of it: the step's next attempt
 runs the super-step again from the committed checkpoint (its pre snapshot).
 """
@@ -40,11 +41,11 @@ from agentrun.integrations.langgraph.saver import (
     _interrupts,
     _packed,
     _summary,
-    _unpacked,
     run_id_for,
 )
 from agentrun.models import Run, Step
 from agentrun.security.redact import is_secret_key
+from agentrun.store import checkpoints
 
 #: A thread id's longest; a fork's thread is its parent's with a suffix.
 MAX_THREAD_ID = 200
@@ -262,12 +263,13 @@ class LangGraphAgent(Agent):
 
     def _previous(self, run_id: Any, number: int) -> dict[str, Any]:
         row = Step.objects.filter(run_id=run_id, number=number - 1).values_list(
-            "decision", flat=True
+            "decision", "checkpoint"
         )
-        decision = row.first() or {}
-        if "langgraph" not in decision:
+        decision, record = row.first() or (None, None)
+        decision, record = decision or {}, record or {}
+        if "langgraph" not in decision or "blob_at" not in record:
             raise AgentError(f"step {number - 1} of this thread holds no LangGraph checkpoint")
-        return {**decision["langgraph"], "blob_at": decision["langgraph_serialized"]["blob_at"]}
+        return {**decision["langgraph"], "blob_at": record["blob_at"]}
 
     def _put_seed(self, memory: InMemorySaver, seed: Any, config: RunnableConfig) -> None:
         checkpoint = seed.checkpoint.copy()
@@ -316,8 +318,9 @@ class LangGraphAgent(Agent):
         first: bool,
         more: bool,
     ) -> Decision:
-        """The new checkpoint as the saver stores a step's (its `langgraph` record for
-        people, its `langgraph_serialized` copy for LangGraph)."""
+        """The new checkpoint as the saver stores a step's: its `langgraph` record for
+        people in the decision, its serialized record for LangGraph as the decision's
+        `checkpoint` (each value it wrote whole)."""
         cp: dict[str, Any] = dict(made.checkpoint)
         values = cp.pop("channel_values", None) or {}
         versions = cp["channel_versions"]
@@ -331,9 +334,9 @@ class LangGraphAgent(Agent):
             elif previous is not None and channel in previous["blob_at"]:
                 blob_at[channel] = previous["blob_at"][channel]
         blobs = {
-            channel: _packed(self.serde.dumps_typed(values[channel]))
+            channel: checkpoints.whole(*self.serde.dumps_typed(values[channel]))
             if channel in values
-            else ["empty", ""]
+            else ["empty"]
             for channel in written
         }
         seen_before = (previous or {}).get("versions_seen", {})
@@ -358,39 +361,43 @@ class LangGraphAgent(Agent):
             "metadata": plain(md),
             "channel_versions": plain(versions),
             "versions_seen": seen,
+            "written": plain(written),
             "writes": [],
             "interrupts": [],
         }
         if forked_from is not None:
             info["forked_from"] = forked_from
         info["interrupts"] = _interrupts(info)
-        serialized = {
+        record = {
             "checkpoint": _packed(self.serde.dumps_typed(cp)),
             "metadata": _packed(self.serde.dumps_typed(md)),
             "blobs": blobs,
             "blob_at": blob_at,
-            "written": plain(written),
             "writes": [],
         }
         return Decision(
             thought=_summary(info),
             final=None if more else _final_text(values),
-            extra={"langgraph": info, "langgraph_serialized": serialized},
+            extra={"langgraph": info},
+            checkpoint=record,
         )
 
     def update(
         self, state: dict[str, Any], decision: Decision, results: list[Any], ctx: Any
     ) -> dict[str, Any]:
         """The channel values after the super-step: those it wrote, decoded from the
-        checkpoint's copy, and the others as they were."""
+        checkpoint's record (stored whole), and the others as they were."""
         info = decision.extra["langgraph"]
-        ser = decision.extra["langgraph_serialized"]
+        if decision.checkpoint is None:
+            raise AgentError(f"step {ctx.step} holds no serialized LangGraph checkpoint")
+        blobs = decision.checkpoint["blobs"]
         out: dict[str, Any] = {}
         for channel in info["channel_versions"]:
-            blob = ser["blobs"].get(channel)
+            blob = blobs.get(channel)
             if blob is not None:
                 if blob[0] != "empty":
-                    out[channel] = plain(self.serde.loads_typed(_unpacked(blob)))
+                    value = self.serde.loads_typed((blob[1], checkpoints.data(blob[2])))
+                    out[channel] = plain(value)
             elif channel in state:
                 out[channel] = state[channel]
         return out
