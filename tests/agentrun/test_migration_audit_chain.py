@@ -5,28 +5,20 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from agentrun.audit import chain
 from agentrun.audit.events import record_event
 from agentrun.models import AuditHead, Event, Run
+from tests.agentrun.migrating import leaves, migrate
 
 BEFORE = [("agentrun", "0020_saved_views_and_webhooks")]
 AFTER = [("agentrun", "0021_audit_chain")]
 
 
-def migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 @pytest.mark.django_db(transaction=True)
 def test_existing_events_are_chained_in_the_order_they_were_written():
-    latest = MigrationExecutor(connection).loader.graph.leaf_nodes("agentrun")
+    latest = leaves()
     apps = migrate(BEFORE)
     try:
         OldRun = apps.get_model("agentrun", "Run")

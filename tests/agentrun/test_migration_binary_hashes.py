@@ -4,25 +4,18 @@ import uuid
 
 import pytest
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 
 from agentrun.models import Snapshot, ToolCall
+from tests.agentrun.migrating import leaves, migrate
 
 BEFORE = [("agentrun", "0016_leaner_tool_calls")]
 AFTER = [("agentrun", "0016b_binary_hashes")]
 DIGEST = "0123456789abcdef" * 4
 
 
-def migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 @pytest.mark.django_db(transaction=True)
 def test_existing_hex_digests_read_back_the_same_after_the_migration_and_after_undoing_it():
-    latest = MigrationExecutor(connection).loader.graph.leaf_nodes("agentrun")
+    latest = leaves()
     apps = migrate(BEFORE)
     try:
         Run = apps.get_model("agentrun", "Run")

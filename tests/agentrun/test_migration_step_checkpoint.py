@@ -4,8 +4,6 @@ compressed `checkpoint` column, and back: the saver reads the same thread either
 import base64
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 
 pytest.importorskip("langgraph")
 pytest.importorskip("langchain_openai")
@@ -14,6 +12,7 @@ from langchain_core.messages import AIMessage  # noqa: E402
 
 from agentrun.integrations.langgraph import AgentrunSaver, run_id_for  # noqa: E402
 from agentrun.models import Step  # noqa: E402
+from tests.agentrun.migrating import leaves, migrate  # noqa: E402
 from tests.langgraph.conftest import orders_fake  # noqa: E402, F401 - the fixture
 from tests.langgraph.test_saver import _grow  # noqa: E402
 
@@ -21,16 +20,9 @@ BEFORE = [("agentrun", "0022_step_trace_due")]
 AFTER = [("agentrun", "0023_step_checkpoint")]
 
 
-def migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_thread_reads_back_the_same_after_undoing_the_migration_and_doing_it_again():
-    latest = MigrationExecutor(connection).loader.graph.leaf_nodes("agentrun")
+    latest = leaves()
     saver = AgentrunSaver()
     stored = _grow(saver, "moved", 40)
     config = stored[-1][0]
@@ -68,7 +60,7 @@ def test_a_thread_agentruns_workers_ran_converts_both_ways_too(orders_fake):  # 
     from tests.fake_openai import completion
     from tests.langgraph.conftest import ORDERS
 
-    latest = MigrationExecutor(connection).loader.graph.leaf_nodes("agentrun")
+    latest = leaves()
     orders_fake.push(completion("Order 5 shipped."))
     run = services.start_run(
         "langgraph",
