@@ -62,6 +62,19 @@ def check_tree(run: Run, spans: list[Span]) -> dict[str, list[Span]]:
     return {"root": [root], "steps": steps}
 
 
+def check_chats(spans: list[Span]) -> list[Span]:
+    """The llm run's two chat spans, the first with the model's usage and its tool call."""
+    chats = sorted(named(spans, "chat "), key=lambda s: s.start_ns)
+    assert [c.name for c in chats] == ["chat fake-model", "chat fake-model"]
+    first = chats[0].attributes
+    assert first["gen_ai.operation.name"] == "chat"
+    assert first["gen_ai.provider.name"] == "openai"
+    assert first["gen_ai.request.model"] == first["gen_ai.response.model"] == "fake-model"
+    assert (first["gen_ai.usage.input_tokens"], first["gen_ai.usage.output_tokens"]) == (100, 20)
+    assert first["gen_ai.response.finish_reasons"] == ["tool_calls"]
+    return chats
+
+
 def test_runs_and_a_fork_are_traces_of_the_genai_conventions(start_worker, tmp_path):
     with Receiver() as receiver, FakeOpenAI(respond=model) as fake:
         start_worker(
@@ -107,14 +120,7 @@ def test_runs_and_a_fork_are_traces_of_the_genai_conventions(start_worker, tmp_p
     # The llm run: a chat span per step, the tool call as execute_tool.
     spans = receiver.trace(llm.pk.hex)
     check_tree(llm, spans)
-    chats = sorted(named(spans, "chat "), key=lambda s: s.start_ns)
-    assert [c.name for c in chats] == ["chat fake-model", "chat fake-model"]
-    first = chats[0].attributes
-    assert first["gen_ai.operation.name"] == "chat"
-    assert first["gen_ai.provider.name"] == "openai"
-    assert first["gen_ai.request.model"] == first["gen_ai.response.model"] == "fake-model"
-    assert (first["gen_ai.usage.input_tokens"], first["gen_ai.usage.output_tokens"]) == (100, 20)
-    assert first["gen_ai.response.finish_reasons"] == ["tool_calls"]
+    chats = check_chats(spans)
     assert chats[1].attributes["gen_ai.response.finish_reasons"] == ["stop"]
     assert chats[0].kind == 3  # SPAN_KIND_CLIENT
     (echo,) = named(spans, "execute_tool ")
