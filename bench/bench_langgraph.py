@@ -22,7 +22,9 @@ thread's history back with `get_state_history` (LangGraph's snapshots, as Studio
 user's code read it) and with the saver's `list` alone, LangGraph's own share of the
 former (the same graph over a saver handing back the tuples `list` returned, read
 already: what no saver can go below), and the latest checkpoint
-(`get_tuple`, what each `invoke` on a thread starts with). Every history read back is checked
+(`get_tuple`, what each `invoke` on a thread starts with); and, for agentrun, the thread's
+history as the debugger loads it (every snapshot's state of the thread's run). Every history
+read back is checked
 against the last checkpoint's messages. Figures: median (min-max) over rounds; reads median
 over repeats. The ratios are of figures from the same round, then their median.
 """
@@ -79,7 +81,8 @@ from langgraph.graph import START, StateGraph  # noqa: E402
 from langgraph.graph.message import add_messages  # noqa: E402
 from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 
-from agentrun.integrations.langgraph import AgentrunSaver  # noqa: E402
+from agentrun.integrations.langgraph import AgentrunSaver, run_id_for  # noqa: E402
+from agentrun.store import snapshots  # noqa: E402
 
 AGENTRUN_TABLES = (
     "agentrun_run",
@@ -262,6 +265,12 @@ def round_(steps: int, rounds_no: int, repeat: int) -> dict[str, Any]:
         # Read by a saver of its own, as another process would (nothing kept in memory).
         reader = AgentrunSaver()
         out["agentrun"].update(reads(build(steps, reader), reader, config, steps, repeat))
+        # The same history as the debugger loads it: the thread's run, every snapshot's
+        # state (what its timeline, diffs and watches read).
+        run_id = run_id_for(config["configurable"]["thread_id"])
+        debugger_ms, states = timed(lambda: snapshots.history(run_id), repeat)
+        assert len(states[-1][1]["messages"]) == steps, len(states[-1][1]["messages"])
+        out["agentrun"]["debugger_history_ms"] = statistics.median(debugger_ms)
 
     for case in (agentrun, postgres) if rounds_no % 2 else (postgres, agentrun):
         case()
@@ -345,6 +354,16 @@ def report(results: list[dict[str, Any]], args: Any, started: str, load: tuple) 
         lines.append(
             f"| {label} | {cell(pg, fmt)} | {cell(ar, fmt)} | {shown} | {target or '–'} | {verdict or '–'} |"
         )
+    debugger = [r["agentrun"]["debugger_history_ms"] for r in results]
+    faster = statistics.median(
+        r["postgres"]["history_ms"] / r["agentrun"]["debugger_history_ms"] for r in results
+    )
+    lines.append(
+        f"| history of {args.steps} steps as agentrun's debugger loads it (every snapshot's "
+        "state) against PostgresSaver's `get_state_history`, ms "
+        f"| {cell(series('postgres', 'history_ms'), '{:,.1f}')} | {cell(debugger, '{:,.1f}')} "
+        f"| {faster:,.0f}× faster | ≥ 100× faster | {'**met**' if faster >= 100 else '**missed**'} |"
+    )
     lines += [
         "",
         f"No checkpointer (the floor): {cell([r['floor_ms'] for r in results])} ms per super-step.",
