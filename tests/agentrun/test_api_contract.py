@@ -57,6 +57,9 @@ CONFIG = schemathesis.Config.from_dict(
                     "forkRun",
                     "getSideEffects",
                     "importRun",
+                    # A watched value's path has a grammar the document can't state as a
+                    # pattern (keys, indexes, quoted keys, JSON pointers).
+                    "getHistory",
                     # A batch needs runs that its filter selects and that have its fork
                     # point; a promotion needs a batch whose forks ended.
                     "createBatch",
