@@ -6,9 +6,12 @@ Configured by the standard variables (`OTEL_EXPORTER_OTLP_ENDPOINT` or
 there is no tracer and a step pays one check.
 
 The trace id is the run's id (a UUID is 128 bits, as a trace id is), and the span ids of a
-run's root span and of each step attempt are derived from the run id, step and attempt: every
-worker that executes a step of the run puts its spans in the same tree, with nothing shared
-but the run id, and a fork's root span links to the span of the step it was forked from.
+run's root span and of each step attempt (and its model request's and tool calls') are
+derived from the run id, step and attempt: every worker that executes a step of the run puts
+its spans in the same tree, with nothing shared but the run id, a fork's root span links to
+the span of the step it was forked from, and a step emitted again repeats its spans' ids. An
+attempt that waits for an approval goes on under its number once approved: its span's id
+is random.
 
 - `invoke_agent {agent}`: the root, emitted when the run ends (start: the run's start);
 - `step {n}`: each step attempt, marked with its outcome (committed, finished, failed,
@@ -16,7 +19,8 @@ but the run id, and a fork's root span links to the span of the step it was fork
 - `chat {model}`: the step's model request, with `gen_ai.*` usage attributes;
 - `execute_tool {tool}`: each tool call the attempt ran, retries as span events.
 
-Spans are emitted when the attempt ends, from what it wrote: arguments, results and
+Spans are emitted when the attempt ends, from what it wrote, encoded to OTLP there
+(`agentrun.telemetry.otlp`); the SDK samples, batches and posts them. Arguments, results and
 messages are not exported unless `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT` is
 true, and then as stored (redacted), cut to AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES.
 """
@@ -27,6 +31,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import re
 import socket
 import threading
@@ -36,47 +41,54 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
-from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    ConsoleSpanExporter,
-    SpanExporter,
-    SpanExportResult,
-)
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
-from opentelemetry.trace import TraceFlags as Flags
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from agentrun.telemetry import otlp
 
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
 #: Outcomes of an attempt that committed its step.
 ENDED = ("committed", "finished", "failed")
-_STATE: dict[str, Any] = {}  # "provider", "tracer" once configured (None: tracing is off)
-_FIXED = threading.local()  # the ids the next span of this thread takes
+_STATE: dict[str, Any] = {}  # "tracer" once configured (None: tracing is off), "content"
 
 
-class _Ids(RandomIdGenerator):
-    """Random ids, except where a span's own are derived from its run (`_fixed`)."""
+class Exporting:
+    """A process's trace export: the SDK's sampler (OTEL_TRACES_SAMPLER) and span processor
+    (the batch one: OTEL_BSP_*), fed spans that are encoded already (`agentrun.telemetry.otlp`)."""
 
-    def generate_span_id(self) -> int:
-        fixed = getattr(_FIXED, "span_id", 0)
-        if fixed:
-            _FIXED.span_id = 0
-            return fixed
-        return super().generate_span_id()
+    def __init__(self, sampler: Any, processor: Any) -> None:
+        self.sampler = sampler
+        self.processor = processor
+        # A root without a parent is always sampled (the default, ParentBased(AlwaysOn)).
+        self.always = sampler.get_description().startswith(
+            ("AlwaysOnSampler", "ParentBased{root:AlwaysOnSampler")
+        )
 
-    def generate_trace_id(self) -> int:
-        fixed = getattr(_FIXED, "trace_id", 0)
-        if fixed:
-            _FIXED.trace_id = 0
-            return fixed
-        return super().generate_trace_id()
+    def sampled(self, trace_id: int) -> bool:
+        """The sampler's decision for a run's trace: the same in every process (by trace id)."""
+        if self.always:  # the default sampler: no need to ask it for every step
+            return True
+        return self.sampler.should_sample(None, trace_id, "invoke_agent").decision.is_sampled()
 
-    def is_trace_id_random(self) -> bool:
-        return False  # a run's id is random, but we can't promise W3C's random flag for it
+    def emit(self, spans: list[tuple[int, bytes]]) -> None:
+        for span_id, data in spans:
+            self.processor.on_end(_Encoded(span_id, data))
+
+
+class _Encoded:
+    """A span, encoded, as the SDK's span processors take one: they ask it only whether it
+    is sampled, and hand it to the exporter."""
+
+    __slots__ = ("span_id", "data")
+    context = SpanContext(1, 1, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+    def __init__(self, span_id: int, data: bytes) -> None:
+        self.span_id = span_id
+        self.data = data
 
 
 def enabled() -> bool:
@@ -84,7 +96,7 @@ def enabled() -> bool:
     return tracer() is not None
 
 
-def tracer() -> trace.Tracer | None:
+def tracer() -> Exporting | None:
     if "tracer" not in _STATE:
         with _LOCK:
             if "tracer" not in _STATE:
@@ -92,69 +104,88 @@ def tracer() -> trace.Tracer | None:
     return _STATE["tracer"]
 
 
-def _configure() -> trace.Tracer | None:
+def _configure() -> Exporting | None:
     kind = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT"
     )
     if kind == "none" or (not endpoint and kind not in ("otlp", "console")):
         return None
-    if kind == "console":
-        exporter: Any = ConsoleSpanExporter()
-    else:
-        # OTLP over HTTP (protobuf): the exporter reads its endpoint, headers, timeout and
-        # compression from the OTEL_EXPORTER_OTLP_* variables itself.
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        exporter = OTLPSpanExporter()
-    exporter = _Marking(exporter)
     attributes: dict[str, Any] = {"host.name": socket.gethostname(), "process.pid": os.getpid()}
     if not os.environ.get("OTEL_SERVICE_NAME"):
         attributes["service.name"] = "agentrun"
-    # The sampler comes from OTEL_TRACES_SAMPLER(_ARG); the batch's sizes from OTEL_BSP_*.
-    provider = TracerProvider(resource=Resource.create(attributes), id_generator=_Ids())
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    _STATE["provider"] = provider
-    # A root without a parent is always sampled (the default, ParentBased(AlwaysOn)).
-    _STATE["always"] = provider.sampler.get_description().startswith(
-        ("AlwaysOnSampler", "ParentBased{root:AlwaysOnSampler")
-    )
+    # The resource adds OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the sampler comes
+    # from OTEL_TRACES_SAMPLER(_ARG).
+    resource = Resource.create(attributes)
+    sampler = TracerProvider(resource=resource).sampler
+    if kind == "console":
+        send = _print
+        close = None
+    else:
+        # OTLP over HTTP (protobuf): the SDK's exporter reads its endpoint, headers, timeout
+        # and compression from the OTEL_EXPORTER_OTLP_* variables itself, and its client
+        # posts a request encoded already, with the exporter's retries.
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+        client = exporter._client
+
+        def send(data: bytes) -> bool:
+            return bool(client.export(data).success)
+
+        close = exporter.shutdown
+    processor = BatchSpanProcessor(Exporter(send, dict(resource.attributes), close))
     log.info("traces exported (%s)", endpoint or kind)
-    return provider.get_tracer("agentrun")
+    return Exporting(sampler, processor)
 
 
-class _Marking(SpanExporter):
-    """The exporter, and then the mark of each committed step whose spans it exported: a
-    step not marked is emitted again, from its rows, by the reconciler (`emit_lost`)."""
+def _print(data: bytes) -> bool:
+    from google.protobuf.json_format import MessageToJson
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
 
-    def __init__(self, inner: SpanExporter) -> None:
-        self.inner = inner
+    print(MessageToJson(ExportTraceServiceRequest.FromString(data)), flush=True)
+    return True
+
+
+class Exporter(SpanExporter):
+    """Posts a batch of encoded spans as one request (`send`: True once it was accepted),
+    then marks each committed step whose spans it exported: a step not marked is emitted
+    again, from its rows, by the reconciler (`emit_lost`)."""
+
+    def __init__(self, send: Any, resource: dict[str, Any], close: Any = None) -> None:
+        self.send = send
+        self.close = close
+        self.resource, self.scope = otlp.prefix(resource, "agentrun")
 
     def export(self, spans: Any) -> SpanExportResult:
-        result = self.inner.export(spans)
-        ids = [s.context.span_id for s in spans]
+        data = otlp.request(self.resource, self.scope, [s.data for s in spans])
+        try:
+            ok = self.send(data)
+        except Exception:
+            log.exception("exporting %d span(s) failed", len(spans))
+            ok = False
         with _LOCK:  # which steps have all their spans exported now
             done = []
-            for span_id in ids:
-                step = _WAITING.pop(span_id, None)
+            for span in spans:
+                step = _WAITING.pop(span.span_id, None)
                 left = _EXPECTED.get(step) if step is not None else None
                 if left is None:
                     continue
-                left.discard(span_id)
-                if result is not SpanExportResult.SUCCESS:
+                left.discard(span.span_id)
+                if not ok:
                     del _EXPECTED[step]  # lost here: the reconciler emits it again
                 elif not left:
                     del _EXPECTED[step]
                     done.append(step)
         if done:
             _mark_exported(done)
-        return result
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
+        if self.close is not None:
+            self.close()
 
 
 #: Committed steps whose spans are not all exported yet: step id -> span ids, and each
@@ -193,7 +224,7 @@ def export_pending(run: Any, now: datetime) -> dict[str, Any]:
     emitted again unless their export is on record first (`trace_due_at`), or nothing when
     traces are off or the run's trace is not sampled."""
     t = tracer()
-    if t is None or not _sampled(t, _trace_int(run), "invoke_agent"):
+    if t is None or not t.sampled(_trace_int(run)):
         return {}
     return {"trace_due_at": now + timedelta(seconds=settings.AGENTRUN_TRACE_REEMIT_AFTER)}
 
@@ -207,15 +238,15 @@ def prepare() -> None:
 
 def shutdown() -> None:
     """Export what is buffered (a worker that stops); spans after this are dropped."""
-    provider = _STATE.get("provider")
-    if provider is not None:
-        provider.shutdown()
+    t = _STATE.get("tracer")
+    if t is not None:
+        t.processor.shutdown()
 
 
 def flush() -> None:
-    provider = _STATE.get("provider")
-    if provider is not None:
-        provider.force_flush()
+    t = _STATE.get("tracer")
+    if t is not None:
+        t.processor.force_flush()
 
 
 # --- ids ----------------------------------------------------------------------------------
@@ -260,22 +291,6 @@ def root_span_id(run_id: Any) -> int:
 
 def step_span_id(run_id: Any, number: int, attempt: int) -> int:
     return _span_int(run_id, "step", number, attempt)
-
-
-def _sampled(t: Any, trace_id: int, name: str) -> bool:
-    """The sampler's decision for a run's trace: the same in every process (by trace id)."""
-    provider = _STATE.get("provider")
-    if provider is None:
-        return False
-    if _STATE.get("always"):  # the default sampler: no need to ask it twice a step
-        return True
-    return provider.sampler.should_sample(None, trace_id, name).decision.is_sampled()
-
-
-def _parent(trace_id: int, span_id: int, sampled: bool) -> Any:
-    flags = Flags(Flags.SAMPLED if sampled else Flags.DEFAULT)
-    parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
-    return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
 # --- attributes ---------------------------------------------------------------------------
@@ -331,47 +346,53 @@ def emit_step(ctx: Any, outcome: str, detail: str, start_ns: int, end_ns: int) -
         return
     run, step = ctx.run, ctx.step
     trace_id = _trace_int(run)
-    sampled = _sampled(t, trace_id, "invoke_agent")
-    if not sampled:
+    if not t.sampled(trace_id):
         return
-    _FIXED.span_id = step_span_id(run.pk, step.number, step.attempts)
-    span = t.start_span(
-        f"step {step.number}",
-        context=_parent(trace_id, root_span_id(run.pk), sampled),
-        start_time=start_ns,
-        attributes={
-            "agentrun.run.id": str(run.pk),
-            "agentrun.step.number": step.number,
-            "gen_ai.agent.name": run.agent,
-            "agentrun.step.attempt": step.attempts,
-            "agentrun.step.outcome": outcome,
-            "agentrun.step.url": step_url(run.pk, step.number),
-            "agentrun.code_version": run.code_version or "",
-        },
-    )
-    _FIXED.span_id = 0
+    run_id = str(run.pk)
+    if outcome == "waiting":  # the attempt goes on after the approval, under the same number
+        span_id = random.getrandbits(64) or 1
+    else:
+        span_id = step_span_id(run_id, step.number, step.attempts)
+    attributes = {
+        "agentrun.run.id": run_id,
+        "agentrun.step.number": step.number,
+        "gen_ai.agent.name": run.agent,
+        "agentrun.step.attempt": step.attempts,
+        "agentrun.step.outcome": outcome,
+        "agentrun.step.url": step_url(run_id, step.number),
+        "agentrun.code_version": run.code_version or "",
+    }
     if getattr(ctx, "reemitted", False):  # by another process: the resource isn't its worker's
-        span.set_attribute("agentrun.worker", ctx.owner)
-        span.set_attribute("agentrun.reemitted", True)
-    step_ctx = trace.set_span_in_context(span)
+        attributes["agentrun.worker"] = ctx.owner
+        attributes["agentrun.reemitted"] = True
+    events = []
     if outcome in ("backoff", "waiting", "lost"):
-        span.add_event(f"agentrun.{outcome}", {"agentrun.detail": bounded(detail)}, end_ns)
+        events.append((f"agentrun.{outcome}", end_ns, {"agentrun.detail": bounded(detail)}))
+    status = (otlp.UNSET, "")
     if outcome in ("failed", "crashed"):
-        span.set_status(Status(StatusCode.ERROR, bounded(detail)[:512]))
-        span.set_attribute("error.type", _error_type(ctx, detail))
+        status = (otlp.ERROR, bounded(detail)[:512])
+        attributes["error.type"] = _error_type(ctx, detail)
     # The model request and tool calls are the step span's children: the run, step and
-    # agent are on it, not repeated on them (each attribute costs the SDK a check).
-    ended = [_chat_span(t, ctx, step_ctx)]
-    ended += [_tool_span(t, tc, call_id, before, step_ctx) for tc, call_id, before in ctx.acted]
-    ended.append((span, end_ns))
+    # agent are on it, not repeated on them. Their ids are derived too, so a step emitted
+    # again from its rows repeats its spans, which receivers keep once.
+    ids = (run_id, step.number, step.attempts)
+    spans = [_chat_span(ctx, trace_id, span_id, ids)]
+    spans += [
+        _tool_span(tc, call_id, before, trace_id, span_id, ids) for tc, call_id, before in ctx.acted
+    ]
+    root = root_span_id(run_id)
+    spans.append((
+        span_id,
+        otlp.span(trace_id, span_id, root, f"step {step.number}", start_ns, end_ns, attributes,
+                  remote_parent=True, events=events, status=status),
+    ))  # fmt: skip
     if outcome in ("finished", "failed"):  # the run ended with this step
-        ended.append(_root_span(t, ctx, outcome, detail, end_ns, trace_id))
-    spans = [e for e in ended if e is not None]
+        spans.append(_root_span(ctx, outcome, detail, end_ns, trace_id))
+    ended = [s for s in spans if s is not None]
     if outcome in ENDED and ctx.step.pk is not None:
-        # Known before any of them ends (the batch processor may export it at once).
-        _expect(ctx.step.pk, [s.get_span_context().span_id for s, _ in spans])
-    for s, at in spans:
-        s.end(at)
+        # Known before any of them is handed over (the batch may be exported at once).
+        _expect(ctx.step.pk, [i for i, _ in ended])
+    t.emit(ended)
 
 
 def _error_type(ctx: Any, detail: str) -> str:
@@ -379,7 +400,7 @@ def _error_type(ctx: Any, detail: str) -> str:
     return str(failure.get("type") or detail.split(":", 1)[0] or "error")[:100]
 
 
-def _chat_span(t: Any, ctx: Any, parent: Any) -> tuple[Any, int] | None:
+def _chat_span(ctx: Any, trace_id: int, parent: int, ids: tuple) -> tuple[int, bytes] | None:
     if ctx.llm_window is None or ctx.decision is None or not ctx.decision.llm:
         return None
     llm = ctx.decision.llm
@@ -412,16 +433,15 @@ def _chat_span(t: Any, ctx: Any, parent: Any) -> tuple[Any, int] | None:
             [c.get("message") for c in response.get("choices") or [] if isinstance(c, dict)]
         )
     start_ns, end_ns = ctx.llm_window
-    span = t.start_span(
-        f"chat {model}", context=parent, kind=SpanKind.CLIENT, start_time=start_ns,
-        attributes=attributes,
-    )  # fmt: skip
-    return span, end_ns
+    span_id = _span_int(*ids, "chat")
+    data = otlp.span(trace_id, span_id, parent, f"chat {model}", start_ns, end_ns, attributes,
+                     kind=otlp.CLIENT)  # fmt: skip
+    return span_id, data
 
 
 def _tool_span(
-    t: Any, tc: Any, call_id: str | None, before: int, parent: Any
-) -> tuple[Any, int] | None:
+    tc: Any, call_id: str | None, before: int, trace_id: int, parent: int, ids: tuple
+) -> tuple[int, bytes] | None:
     """The call's span, if this step attempt ran it (`before`: its attempts until then)."""
     attempts = []
     for a in (tc.attempts or [])[before:]:
@@ -448,58 +468,58 @@ def _tool_span(
         attributes["gen_ai.tool.call.arguments"] = bounded(tc.args)
         if tc.result is not None:
             attributes["gen_ai.tool.call.result"] = bounded(tc.result)
-    span = t.start_span(f"execute_tool {tc.tool}", context=parent, start_time=start_ns,
-                        attributes=attributes)  # fmt: skip
+    events = []
     for at, a in attempts:
         if a.get("error"):
             event = {"agentrun.error": bounded(a["error"])}
             if a.get("backoff_s") is not None:
                 event["agentrun.backoff_s"] = float(a["backoff_s"])
-            span.add_event("agentrun.attempt_failed", event, at)
+            events.append(("agentrun.attempt_failed", at, event))
+    status = (otlp.UNSET, "")
     if tc.status in ("failed", "in_doubt"):
-        span.set_status(Status(StatusCode.ERROR, bounded(tc.error or tc.status)[:512]))
-        span.set_attribute("error.type", (tc.error or tc.status).split(":", 1)[0][:100])
-    return span, max(end_ns, start_ns)
+        status = (otlp.ERROR, bounded(tc.error or tc.status)[:512])
+        attributes["error.type"] = (tc.error or tc.status).split(":", 1)[0][:100]
+    span_id = _span_int(*ids, "tool", tc.index, before)
+    data = otlp.span(trace_id, span_id, parent, f"execute_tool {tc.tool}", start_ns,
+                     max(end_ns, start_ns), attributes, events=events, status=status)  # fmt: skip
+    return span_id, data
 
 
 def _root_span(
-    t: Any, ctx: Any, outcome: str, detail: str, end_ns: int, trace_id: int
-) -> tuple[Any, int]:
+    ctx: Any, outcome: str, detail: str, end_ns: int, trace_id: int, events: tuple = ()
+) -> tuple[int, bytes]:
     run = ctx.run
+    run_id = str(run.pk)
     started = run.started_at or run.created_at
     start_ns = int(started.timestamp() * 1e9) if started else end_ns
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": run.agent,
-        "agentrun.run.id": str(run.pk),
+        "agentrun.run.id": run_id,
         "agentrun.run.status": _RUN_STATUS.get(outcome, "succeeded"),
-        "agentrun.run.url": step_url(run.pk, ctx.step.number).rsplit("/steps/", 1)[0] + "/",
+        "agentrun.run.url": step_url(run_id, ctx.step.number).rsplit("/steps/", 1)[0] + "/",
         "agentrun.steps": ctx.step.number + 1 - run.first_step,
     }
     link = _fork_link(run) if run.parent_id and run.forked_from_id else None
     if link is not None:
         # Said as attributes too: some receivers (Phoenix) keep no links.
         attributes["agentrun.forked_from.run_id"] = str(run.parent_id)
-        attributes["agentrun.forked_from.step"] = link.attributes["agentrun.step.number"]
-        attributes["agentrun.forked_from.span_id"] = f"{link.context.span_id:016x}"
-    if run.trace_parent:  # a child of the span of the request that started the run
-        context = _parent(trace_id, int(run.trace_parent[36:52], 16), True)
-    else:  # the root of a trace of its own, whose id is the run's
-        context = trace.set_span_in_context(trace.INVALID_SPAN)
-        _FIXED.trace_id = trace_id
-    _FIXED.span_id = root_span_id(run.pk)
-    span = t.start_span(
-        f"invoke_agent {run.agent}",
-        context=context,
-        start_time=min(start_ns, end_ns),
-        links=[link] if link is not None else [],
-        attributes=attributes,
-    )
-    _FIXED.trace_id = _FIXED.span_id = 0
+        attributes["agentrun.forked_from.step"] = link[2]["agentrun.step.number"]
+        attributes["agentrun.forked_from.span_id"] = f"{link[1]:016x}"
+    status = (otlp.UNSET, "")
     if outcome == "failed":
-        span.set_status(Status(StatusCode.ERROR, bounded(detail)[:512]))
-        span.set_attribute("error.type", _error_type(ctx, detail))
-    return span, end_ns
+        status = (otlp.ERROR, bounded(detail)[:512])
+        attributes["error.type"] = _error_type(ctx, detail)
+    # A child of the span of the request that started the run, or the root of a trace of
+    # its own, whose id is the run's.
+    parent = int(run.trace_parent[36:52], 16) if run.trace_parent else 0
+    span_id = root_span_id(run_id)
+    data = otlp.span(
+        trace_id, span_id, parent, f"invoke_agent {run.agent}", min(start_ns, end_ns), end_ns,
+        attributes, remote_parent=True, events=events, links=[link] if link else [],
+        status=status,
+    )  # fmt: skip
+    return span_id, data
 
 
 _RUN_STATUS = {"failed": "failed", "cancelled": "cancelled"}
@@ -510,19 +530,19 @@ def emit_cancelled(run: Any) -> None:
     under it, as for a run that ended. Never raises: the cancel is committed already."""
     try:
         t = tracer()
-        if t is None or not _sampled(t, _trace_int(run), "invoke_agent"):
+        if t is None or not t.sampled(_trace_int(run)):
             return
         last = SimpleNamespace(number=max(run.next_step - 1, run.first_step - 1), pk=None)
         ctx = SimpleNamespace(run=run, step=last, failure=None)
         end_ns = int(run.finished_at.timestamp() * 1e9) if run.finished_at else time_ns()
-        span, at = _root_span(t, ctx, "cancelled", "", end_ns, _trace_int(run))
-        span.add_event("agentrun.cancelled", {}, at)
-        span.end(at)
+        cancelled = (("agentrun.cancelled", end_ns, {}),)
+        t.emit([_root_span(ctx, "cancelled", "", end_ns, _trace_int(run), cancelled)])
     except Exception:
         log.exception("the root span of cancelled run %s failed", run.pk)
 
 
-def _fork_link(run: Any) -> Link | None:
+def _fork_link(run: Any) -> tuple[int, int, dict[str, Any]] | None:
+    """The fork's link to the span of the step it was forked from: (trace, span, attributes)."""
     from agentrun.models import Run, Snapshot, Step
 
     snap = Snapshot.objects.filter(pk=run.forked_from_id).values("run_id", "step").first()
@@ -536,13 +556,15 @@ def _fork_link(run: Any) -> Link | None:
     )
     if attempts is None:
         return None
-    source = SpanContext(
+    source = step_span_id(snap["run_id"], snap["step"], attempts)
+    return (
         _trace_int(parent),
-        step_span_id(snap["run_id"], snap["step"], attempts),
-        is_remote=True,
-        trace_flags=Flags(Flags.SAMPLED),
+        source,
+        {
+            "agentrun.link": "forked_from",
+            "agentrun.step.number": snap["step"],
+        },
     )
-    return Link(source, {"agentrun.link": "forked_from", "agentrun.step.number": snap["step"]})
 
 
 # --- emitted again, from the rows ---------------------------------------------------------

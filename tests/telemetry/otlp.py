@@ -48,6 +48,44 @@ def _attrs(kvs: Any) -> dict[str, Any]:
     return {kv.key: _value(kv.value) for kv in kvs}
 
 
+def decode(body: bytes) -> list[Span]:
+    """The spans of an ExportTraceServiceRequest, as a receiver stores them."""
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(body)
+    spans = []
+    for rs in request.resource_spans:
+        resource = _attrs(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                spans.append(
+                    Span(
+                        trace_id=s.trace_id.hex(),
+                        span_id=s.span_id.hex(),
+                        parent_id=s.parent_span_id.hex(),
+                        name=s.name,
+                        kind=s.kind,
+                        start_ns=s.start_time_unix_nano,
+                        end_ns=s.end_time_unix_nano,
+                        attributes=_attrs(s.attributes),
+                        events=[
+                            {"name": e.name, "at": e.time_unix_nano, **_attrs(e.attributes)}
+                            for e in s.events
+                        ],
+                        links=[
+                            {
+                                "trace_id": link.trace_id.hex(),
+                                "span_id": link.span_id.hex(),
+                                **_attrs(link.attributes),
+                            }
+                            for link in s.links
+                        ],
+                        status=MessageToDict(s.status),
+                        resource=resource,
+                    )
+                )
+    return spans
+
+
 class Receiver:
     def __init__(self) -> None:
         self.spans: list[Span] = []
@@ -83,39 +121,7 @@ class Receiver:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def _take(self, body: bytes) -> None:
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
-        spans = []
-        for rs in request.resource_spans:
-            resource = _attrs(rs.resource.attributes)
-            for ss in rs.scope_spans:
-                for s in ss.spans:
-                    spans.append(
-                        Span(
-                            trace_id=s.trace_id.hex(),
-                            span_id=s.span_id.hex(),
-                            parent_id=s.parent_span_id.hex(),
-                            name=s.name,
-                            kind=s.kind,
-                            start_ns=s.start_time_unix_nano,
-                            end_ns=s.end_time_unix_nano,
-                            attributes=_attrs(s.attributes),
-                            events=[
-                                {"name": e.name, "at": e.time_unix_nano, **_attrs(e.attributes)}
-                                for e in s.events
-                            ],
-                            links=[
-                                {
-                                    "trace_id": link.trace_id.hex(),
-                                    "span_id": link.span_id.hex(),
-                                    **_attrs(link.attributes),
-                                }
-                                for link in s.links
-                            ],
-                            status=MessageToDict(s.status),
-                            resource=resource,
-                        )
-                    )
+        spans = decode(body)
         with self._lock:
             self.spans.extend(spans)
             self.posts += 1
@@ -131,3 +137,17 @@ class Receiver:
     def __exit__(self, *exc: Any) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class Kept:
+    """What this process's exporter would post, kept decoded (for tests without workers)."""
+
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+
+    def send(self, body: bytes) -> bool:
+        self.spans.extend(decode(body))
+        return True
+
+    def named(self, name: str) -> list[Span]:
+        return [s for s in self.spans if s.name == name]

@@ -6,22 +6,20 @@ from __future__ import annotations
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentrun.telemetry import tracing
 from tests.base import calls, drive, final, make_run, script
+from tests.telemetry.otlp import Kept
 
 
 @pytest.fixture
 def exported(monkeypatch):
-    """Spans this process emits, kept in memory (the exporter the SDK ships for tests)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(id_generator=tracing._Ids())
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(
-        tracing, "_STATE", {"provider": provider, "tracer": provider.get_tracer("test")}
-    )
-    return exporter
+    """Spans this process emits, exported at once (the SDK's simple processor) and kept."""
+    kept = Kept()
+    processor = SimpleSpanProcessor(tracing.Exporter(kept.send, {"service.name": "test"}))
+    exporting = tracing.Exporting(TracerProvider().sampler, processor)
+    monkeypatch.setattr(tracing, "_STATE", {"tracer": exporting})
+    return kept
 
 
 def test_no_endpoint_no_tracer(monkeypatch):
@@ -50,14 +48,14 @@ def test_content_is_exported_only_when_asked_and_then_redacted(exported, monkeyp
     args = {"q": "find", "api_key": "sk-live-0123456789abcdef", "blob": "x" * 1000}
     run = drive(make_run(script(calls({"tool": "echo", "args": args}), final())))
     assert run.status == "succeeded"
-    (tool,) = [s for s in exported.get_finished_spans() if s.name == "execute_tool echo"]
+    (tool,) = exported.named("execute_tool echo")
     assert not any("arguments" in k or "result" in k for k in tool.attributes)
 
-    exported.clear()
+    exported.spans.clear()
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
     tracing._STATE.pop("content", None)
     run = drive(make_run(script(calls({"tool": "echo", "args": args}), final())))
-    (tool,) = [s for s in exported.get_finished_spans() if s.name == "execute_tool echo"]
+    (tool,) = exported.named("execute_tool echo")
     sent = tool.attributes["gen_ai.tool.call.arguments"]
     assert sent.startswith('{"api_key": "[REDACTED]", "blob": "xxx')  # redacted when stored
     assert "sk-live-0123456789abcdef" not in sent
@@ -98,10 +96,10 @@ def test_a_run_started_in_a_traced_request_joins_its_trace(exported, people, set
     assert response.status_code == 201, response.content
     run = drive(Run.objects.get(pk=response.json()["id"]))
     assert run.trace_parent == f"00-{REQUEST_TRACE}-{REQUEST_SPAN}-01"
-    spans = exported.get_finished_spans()
-    assert {f"{s.context.trace_id:032x}" for s in spans} == {REQUEST_TRACE}
-    (root,) = [s for s in spans if s.name == "invoke_agent scripted"]
-    assert f"{root.parent.span_id:016x}" == REQUEST_SPAN  # under the request's span
+    spans = exported.spans
+    assert {s.trace_id for s in spans} == {REQUEST_TRACE}
+    (root,) = exported.named("invoke_agent scripted")
+    assert root.parent_id == REQUEST_SPAN  # under the request's span
     assert tracing.trace_id_of(run) == REQUEST_TRACE
     settings.AGENTRUN_TRACE_URL = "http://jaeger:16686/trace/{trace_id}"
     assert tracing.trace_url(run) == f"http://jaeger:16686/trace/{REQUEST_TRACE}"
@@ -133,15 +131,14 @@ def test_a_cancelled_run_has_its_root_span_over_its_steps(exported):
 
     run = drive(make_run(script(calls({"tool": "echo", "args": {"n": 1}}), final())), max_steps=1)
     assert run.status == "running" and run.next_step == 2
-    assert not [s for s in exported.get_finished_spans() if s.name.startswith("invoke_agent")]
+    assert not [s for s in exported.spans if s.name.startswith("invoke_agent")]
     services.cancel_run(run, reason="not needed")
-    spans = exported.get_finished_spans()
-    (root,) = [s for s in spans if s.name == "invoke_agent scripted"]
-    assert root.parent is None
-    assert root.context.span_id == tracing.root_span_id(run.pk)
-    assert root.context.trace_id == run.pk.int
+    (root,) = exported.named("invoke_agent scripted")
+    assert root.parent_id == ""
+    assert root.span_id == f"{tracing.root_span_id(run.pk):016x}"
+    assert root.trace_id == run.pk.hex
     assert root.attributes["agentrun.run.status"] == "cancelled"
     assert root.attributes["agentrun.steps"] == 1
-    assert [e.name for e in root.events] == ["agentrun.cancelled"]
-    (step,) = [s for s in spans if s.name == "step 1"]
-    assert step.parent.span_id == root.context.span_id
+    assert [e["name"] for e in root.events] == ["agentrun.cancelled"]
+    (step,) = exported.named("step 1")
+    assert step.parent_id == root.span_id
