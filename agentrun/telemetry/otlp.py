@@ -32,7 +32,7 @@ _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 
 def _varint(n: int) -> bytes:
     if n < 0x80:
-        return bytes((n,))
+        return _SMALL[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -41,20 +41,23 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _field(tag: int, payload: bytes) -> bytes:
-    """A length-delimited field (`tag`: its number and wire type 2, as one byte)."""
+_SMALL = [bytes((n,)) for n in range(0x80)]  # a varint under 128 is its own byte
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field (`tag`: its number and wire type 2, one byte)."""
     n = len(payload)
-    return bytes((tag, n)) + payload if n < 0x80 else bytes((tag,)) + _varint(n) + payload
+    return tag + (_SMALL[n] if n < 0x80 else _varint(n)) + payload
 
 
-def _text(tag: int, text: str) -> bytes:
+def _text(tag: bytes, text: str) -> bytes:
     return _field(tag, text.encode("utf-8", "replace"))
 
 
 def _value(value: Any) -> bytes:
     """An AnyValue's fields."""
     if isinstance(value, str):
-        return _text(0x0A, value)
+        return _text(b"\x0a", value)
     if isinstance(value, bool):
         return b"\x10\x01" if value else b"\x10\x00"
     if isinstance(value, int):
@@ -62,11 +65,11 @@ def _value(value: Any) -> bytes:
     if isinstance(value, float):
         return b"\x21" + _DOUBLE(value)
     if isinstance(value, bytes):
-        return _field(0x3A, value)
+        return _field(b"\x3a", value)
     if isinstance(value, Sequence):  # an ArrayValue of AnyValues
-        return _field(0x2A, b"".join(_field(0x0A, _value(v)) for v in value))
+        return _field(b"\x2a", b"".join(_field(b"\x0a", _value(v)) for v in value))
     if isinstance(value, Mapping):  # a KeyValueList
-        return _field(0x32, b"".join(_field(0x0A, _key_value(str(k), v)) for k, v in value.items()))
+        return _field(b"\x32", attributes(b"\x0a", {str(k): v for k, v in value.items()}))
     if value is None:
         return b""
     raise TypeError(f"an attribute can't be a {type(value).__name__}")
@@ -75,18 +78,26 @@ def _value(value: Any) -> bytes:
 _KEYS: dict[str, bytes] = {}  # a KeyValue's key field, by key: a process uses a few dozen
 
 
-def _key_value(key: str, value: Any) -> bytes:
-    encoded = _KEYS.get(key)
-    if encoded is None:
-        encoded = _text(0x0A, key) if key else b""
-        if len(_KEYS) < 1024:
-            _KEYS[key] = encoded
-    return encoded + _field(0x12, _value(value))
-
-
-def attributes(tag: int, values: Mapping[str, Any]) -> bytes:
-    """Repeated KeyValue fields (`tag`: the field's number and wire type 2)."""
-    return b"".join(_field(tag, _key_value(k, v)) for k, v in values.items())
+def attributes(tag: bytes, values: Mapping[str, Any]) -> bytes:
+    """Repeated KeyValue fields (`tag`: the field's number and wire type 2, one byte)."""
+    out = []
+    for key, value in values.items():
+        k = _KEYS.get(key)
+        if k is None:
+            k = _text(b"\x0a", key) if key else b""
+            if len(_KEYS) < 1024:
+                _KEYS[key] = k
+        if value.__class__ is str:  # most are: inline
+            raw = value.encode("utf-8", "replace")
+            n = len(raw)
+            v = b"\x0a" + (_SMALL[n] if n < 0x80 else _varint(n)) + raw
+        else:
+            v = _value(value)
+        n = len(v)
+        kv = k + b"\x12" + (_SMALL[n] if n < 0x80 else _varint(n)) + v
+        n = len(kv)
+        out.append(tag + (_SMALL[n] if n < 0x80 else _varint(n)) + kv)
+    return b"".join(out)
 
 
 def span(
@@ -111,24 +122,24 @@ def span(
         parts += (b"\x22\x08", parent_id.to_bytes(8, "big"))
     # proto3 leaves out a scalar at its default (0, ""): so do we, byte for byte as the SDK.
     if name:
-        parts.append(_text(0x2A, name))
+        parts.append(_text(b"\x2a", name))
     parts += (b"\x30", _varint(kind))
     if start_ns:
         parts += (b"\x39", _FIXED64(start_ns))
     if end_ns:
         parts += (b"\x41", _FIXED64(end_ns))
-    parts.append(attributes(0x4A, attrs))
+    parts.append(attributes(b"\x4a", attrs))
     for event_name, at, event_attrs in events:
         event = (b"\x09" + _FIXED64(at) if at else b"") + (
-            _text(0x12, event_name) if event_name else b""
+            _text(b"\x12", event_name) if event_name else b""
         )
-        parts.append(_field(0x5A, event + attributes(0x1A, event_attrs)))
+        parts.append(_field(b"\x5a", event + attributes(b"\x1a", event_attrs)))
     for link_trace, link_span, link_attrs in links:
         link = b"\x0a\x10" + link_trace.to_bytes(16, "big") + b"\x12\x08"
-        link += link_span.to_bytes(8, "big") + attributes(0x22, link_attrs)
-        parts.append(_field(0x6A, link + b"\x35" + _FIXED32(_HAS_IS_REMOTE | _IS_REMOTE)))
+        link += link_span.to_bytes(8, "big") + attributes(b"\x22", link_attrs)
+        parts.append(_field(b"\x6a", link + b"\x35" + _FIXED32(_HAS_IS_REMOTE | _IS_REMOTE)))
     code, message = status
-    parts.append(_field(0x7A, (_text(0x12, message) if message else b"") + (
+    parts.append(_field(b"\x7a", (_text(b"\x12", message) if message else b"") + (
         b"\x18" + _varint(code) if code else b""
     )))  # fmt: skip
     flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent_id and remote_parent else 0)
@@ -139,10 +150,10 @@ def span(
 def prefix(resource: Mapping[str, Any], scope: str) -> tuple[bytes, bytes]:
     """What every request of a process starts with: its Resource field and its scope's
     InstrumentationScope field, encoded once."""
-    return _field(0x0A, attributes(0x0A, resource)), _field(0x0A, _text(0x0A, scope))
+    return _field(b"\x0a", attributes(b"\x0a", resource)), _field(b"\x0a", _text(b"\x0a", scope))
 
 
 def request(resource: bytes, scope: bytes, spans: Iterable[bytes]) -> bytes:
     """An ExportTraceServiceRequest: one ResourceSpans with one ScopeSpans of `spans`."""
-    scope_spans = scope + b"".join(_field(0x12, s) for s in spans)
-    return _field(0x0A, resource + _field(0x12, scope_spans))
+    scope_spans = scope + b"".join(_field(b"\x12", s) for s in spans)
+    return _field(b"\x0a", resource + _field(b"\x12", scope_spans))
