@@ -48,6 +48,7 @@ from agentrun.models import (
     Verdict,
 )
 from agentrun.security import storable
+from agentrun.telemetry import tracing
 
 MODES = services.FORK_MODES
 NAME_MAX_LENGTH = 200
@@ -407,6 +408,7 @@ def advance(batch_id: Any) -> dict[str, int]:
             batch.status = BatchStatus.DONE
             batch.finished_at = timezone.now()
             batch.save(update_fields=["status", "finished_at"])
+            transaction.on_commit(lambda: tracing.emit_batch(batch_id))
     return {"forked": made, "judged": judged}
 
 
@@ -519,6 +521,7 @@ def cancel(batch: ReplayBatch, *, user: Any, reason: Any = "") -> ReplayBatch:
             reason=reason,
             payload={"batch": str(batch.pk), "name": batch.name, "not_forked": pending},
         )
+        transaction.on_commit(lambda: tracing.emit_batch(batch.pk))
     batch.refresh_from_db()
     return batch
 

@@ -17,7 +17,9 @@ is random.
 - `step {n}`: each step attempt, marked with its outcome (committed, finished, failed,
   backoff, waiting, lost, crashed), with the run id, step number and the step's debugger URL;
 - `chat {model}`: the step's model request, with `gen_ai.*` usage attributes;
-- `execute_tool {tool}`: each tool call the attempt ran, retries as span events.
+- `execute_tool {tool}`: each tool call the attempt ran, retries as span events;
+- `invoke_workflow replay_batch`: a replay batch, a trace of its own (its id the batch's),
+  emitted when the batch ends, linked to its forks' roots, which link back to it.
 
 Spans are emitted when the attempt ends, from what it wrote, encoded to OTLP there
 (`agentrun.telemetry.otlp`); the SDK samples, batches and posts them. Arguments, results and
@@ -501,11 +503,15 @@ def _root_span(
         "agentrun.steps": ctx.step.number + 1 - run.first_step,
     }
     link = _fork_link(run) if run.parent_id and run.forked_from_id else None
+    links = [link] if link else []
     if link is not None:
         # Said as attributes too: some receivers (Phoenix) keep no links.
         attributes["agentrun.forked_from.run_id"] = str(run.parent_id)
         attributes["agentrun.forked_from.step"] = link[2]["agentrun.step.number"]
         attributes["agentrun.forked_from.span_id"] = f"{link[1]:016x}"
+    if run.batch_id is not None:  # a replay batch's fork: linked to the batch's span
+        attributes["agentrun.batch.id"] = str(run.batch_id)
+        links.append(_batch_link(run.batch_id))
     status = (otlp.UNSET, "")
     if outcome == "failed":
         status = (otlp.ERROR, bounded(detail)[:512])
@@ -516,8 +522,7 @@ def _root_span(
     span_id = root_span_id(run_id)
     data = otlp.span(
         trace_id, span_id, parent, f"invoke_agent {run.agent}", min(start_ns, end_ns), end_ns,
-        attributes, remote_parent=True, events=events, links=[link] if link else [],
-        status=status,
+        attributes, remote_parent=True, events=events, links=links, status=status,
     )  # fmt: skip
     return span_id, data
 
@@ -565,6 +570,114 @@ def _fork_link(run: Any) -> tuple[int, int, dict[str, Any]] | None:
             "agentrun.step.number": snap["step"],
         },
     )
+
+
+# --- replay batches -----------------------------------------------------------------------
+
+
+def batch_span_id(batch_id: Any) -> int:
+    """The span id of a replay batch's span, the root of a trace whose id is the batch's."""
+    return _span_int(batch_id, "batch")
+
+
+def _batch_link(batch_id: Any, kind: str = "batch") -> tuple[int, int, dict[str, Any]]:
+    return _trace_int(batch_id), batch_span_id(batch_id), {"agentrun.link": kind}
+
+
+def emit_batch(batch_id: Any) -> None:
+    """The span of a replay batch that ended (each fork judged, or cancelled): the root of a
+    trace of its own, linked to its forks' root spans, each of which links back. Never
+    raises: the batch's end is committed already."""
+    try:
+        t = tracer()
+        if t is None or not t.sampled(_trace_int(batch_id)):
+            return
+        t.emit([_batch_span(batch_id)])
+    except Exception:
+        log.exception("the span of replay batch %s failed", batch_id)
+
+
+def _batch_span(batch_id: Any) -> tuple[int, bytes]:
+    from django.urls import reverse
+
+    from agentrun.models import BatchItem, ReplayBatch
+
+    batch = ReplayBatch.objects.select_related("created_by").get(pk=batch_id)
+    items = BatchItem.objects.filter(batch=batch)
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_workflow",
+        "gen_ai.workflow.name": "replay_batch",
+        "agentrun.batch.id": str(batch.pk),
+        "agentrun.batch.name": bounded(batch.name),
+        "agentrun.batch.mode": batch.mode,
+        "agentrun.batch.status": batch.status,
+        "agentrun.batch.url": settings.AGENTRUN_SITE_URL
+        + reverse("debugger:batch-detail", kwargs={"batch_id": batch.pk}),
+        "agentrun.batch.code_version": batch.version,
+        "agentrun.batch.created_by": batch.created_by.get_username() if batch.created_by else "",
+        **_batch_counts(items),
+    }
+    links = [_batch_link(batch.promoted_from_id, "promoted_from")] if batch.promoted_from_id else []
+    if batch.promoted_from_id:
+        attributes["agentrun.batch.promoted_from"] = str(batch.promoted_from_id)
+    forks = _fork_links(items, len(links))
+    attributes["agentrun.batch.runs_linked"] = len(forks)
+    end_ns = int(batch.finished_at.timestamp() * 1e9) if batch.finished_at else time_ns()
+    start_ns = min(int(batch.created_at.timestamp() * 1e9), end_ns)
+    cancelled = batch.status == "cancelled"
+    span_id = batch_span_id(batch.pk)
+    data = otlp.span(
+        _trace_int(batch.pk), span_id, 0, "invoke_workflow replay_batch", start_ns, end_ns,
+        attributes, events=[("agentrun.cancelled", end_ns, {})] if cancelled else [],
+        links=links + forks,
+    )  # fmt: skip
+    return span_id, data
+
+
+def _batch_counts(items: Any) -> dict[str, int]:
+    """A batch's items, forks and verdicts, counted (one query)."""
+    from django.db.models import Count
+
+    from agentrun.models import ItemStatus, Verdict
+
+    verdicts = dict.fromkeys(Verdict.values, 0)
+    total = runs = skipped = 0
+    rows = items.values_list("status", "verdict").annotate(n=Count("pk")).order_by()
+    for status, verdict, n in rows:
+        total += n
+        runs += n if status == ItemStatus.FORKED else 0
+        skipped += n if status == ItemStatus.SKIPPED else 0
+        if verdict:
+            verdicts[verdict] = verdicts.get(verdict, 0) + n
+    return {
+        "agentrun.batch.items": total,
+        "agentrun.batch.skipped": skipped,
+        "agentrun.batch.runs": runs,
+        # Forks without a verdict yet: those a cancelled batch made, still running.
+        "agentrun.batch.running": runs - sum(verdicts.values()),
+        **{f"agentrun.batch.verdict.{v}": n for v, n in verdicts.items()},
+    }
+
+
+def _fork_links(items: Any, taken: int) -> list[tuple[int, int, dict[str, Any]]]:
+    """Links to the root spans of a batch's forks, in the batch's order: as many as
+    OTEL_SPAN_LINK_COUNT_LIMIT (128) lets a span have, besides the `taken` ones."""
+    from opentelemetry.sdk.trace import SpanLimits
+
+    limit = SpanLimits().max_links
+    rows = (
+        items.filter(fork__isnull=False)
+        .order_by("position")
+        .values_list("fork_id", "fork__trace_parent", "verdict")
+    )
+    links = []
+    for fork_id, trace_parent, verdict in rows if limit is None else rows[: max(limit - taken, 0)]:
+        fork = SimpleNamespace(pk=fork_id, trace_parent=trace_parent)
+        about = {"agentrun.link": "batch_run", "agentrun.run.id": str(fork_id)}
+        links.append(
+            (_trace_int(fork), root_span_id(fork_id), {**about, "agentrun.batch.verdict": verdict})
+        )
+    return links
 
 
 # --- emitted again, from the rows ---------------------------------------------------------

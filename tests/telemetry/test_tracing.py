@@ -4,22 +4,9 @@ cut to size), and the run page's link to the run's trace."""
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from agentrun.telemetry import tracing
 from tests.base import calls, drive, final, make_run, script
-from tests.telemetry.otlp import Kept
-
-
-@pytest.fixture
-def exported(monkeypatch):
-    """Spans this process emits, exported at once (the SDK's simple processor) and kept."""
-    kept = Kept()
-    processor = SimpleSpanProcessor(tracing.Exporter(kept.send, {"service.name": "test"}))
-    exporting = tracing.Exporting(TracerProvider().sampler, processor)
-    monkeypatch.setattr(tracing, "_STATE", {"tracer": exporting})
-    return kept
 
 
 def test_no_endpoint_no_tracer(monkeypatch):
