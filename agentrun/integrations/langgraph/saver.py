@@ -29,16 +29,18 @@ an agentrun worker, which could not run it).
 from __future__ import annotations
 
 import builtins
+import queue
 import threading
 import uuid
 import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Min, Q
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
@@ -55,7 +57,6 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import INTERRUPT
 
-from agentrun.engine import release_connection
 from agentrun.integrations.langgraph.plain import plain
 from agentrun.lifecycle import labels as run_labels
 from agentrun.models import Run, RunStatus, Snapshot, Step, StepStatus
@@ -156,6 +157,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         super().__init__(serde=serde)
         # run id -> what this saver kept of the last checkpoint it put in the run.
         self._threads: OrderedDict[Any, _Last] = OrderedDict()
+        self._db = _DatabaseThread()
         # Runs where this saver made writes wait for their checkpoint's put.
         self._early: set[Any] = set()
         self._lock = threading.Lock()
@@ -572,7 +574,8 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         for _cid, run_id, number, _ in chosen:
             yield tuples[(run_id, number)]
 
-    # --- the sync methods: on the caller's thread (`_in_place`) -----------------------
+    # --- the sync methods: on the saver's database thread, unless called in a transaction
+    # or on the main thread (`_DatabaseThread`) ------------------------------------------
 
     def put(
         self,
@@ -581,7 +584,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return _in_place(self._put, config, checkpoint, metadata, new_versions)
+        return self._db.call(self._put, config, checkpoint, metadata, new_versions)
 
     def put_writes(
         self,
@@ -590,13 +593,13 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        _in_place(self._put_writes, config, writes, task_id, task_path)
+        self._db.call(self._put_writes, config, writes, task_id, task_path)
 
     def delete_thread(self, thread_id: str) -> None:
-        _in_place(self._delete_thread, thread_id)
+        self._db.call(self._delete_thread, thread_id)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return _in_place(self._get_tuple, config)
+        return self._db.call(self._get_tuple, config)
 
     def list(
         self,
@@ -606,7 +609,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        found = _in_place(
+        found = self._db.call(
             lambda: list(self._list(config, filter=filter, before=before, limit=limit))
         )
         yield from found
@@ -895,23 +898,55 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         return value
 
 
-def _in_place(fn: Any, *args: Any) -> Any:
-    """Run a saver's database work on the caller's thread, then hand a pooled connection
-    back (`release_connection`, as a step does before it calls a model).
+class _DatabaseThread:
+    """LangGraph calls a saver from threads of its own (a graph's background puts, an
+    executor's). Each would keep a database connection for the thread's life, and a
+    connection pool runs dry; giving it back after each call costs a connection check
+    (a round trip) at the next. So calls from other threads run on one thread of the
+    saver's, one at a time (as `PostgresSaver` serializes on its one connection), which
+    keeps its connection between calls and gives it back after `IDLE` seconds without
+    one, when it ends. Calls inside a transaction of the caller's run in it; calls from
+    the main thread run there, on its own connection, as any Django code would."""
 
-    LangGraph calls a saver from threads of its own (its background executor's for the
-    sync methods, asgiref's for the async ones) that nothing closes Django's connection
-    on: each would keep a pooled connection for its life, and the pool would run dry.
-    Taking one again within a second is a look at its socket, no round trip
-    (`agentrun.infra.postgresql`). SQLite's connection (and PostgreSQL's without a pool)
-    stays with the thread, as Django leaves any thread's, and is closed when the ended
-    thread's connection is garbage-collected: opening SQLite again at each call doubled
-    the overhead of a super-step.
-    """
-    try:
-        return fn(*args)
-    finally:
-        release_connection()
+    IDLE = 1.0
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Any, tuple[Any, ...], Future[Any]]]
+        self._calls = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        here = threading.current_thread()
+        if connection.in_atomic_block or here is threading.main_thread() or here is self._thread:
+            return fn(*args)
+        done: Future[Any] = Future()
+        with self._lock:
+            self._calls.put((fn, args, done))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="agentrun-saver", daemon=True
+                )
+                self._thread.start()
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                fn, args, done = self._calls.get(timeout=self.IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if self._calls.empty():
+                        connection.close()
+                        self._thread = None
+                        return
+                continue
+            try:
+                done.set_result(fn(*args))
+            except BaseException as exc:  # handed to the caller
+                done.set_exception(exc)
+                if connection.connection is not None and not connection.is_usable():
+                    connection.close()  # a dead connection (a server restart): a new one next
 
 
 _NOTHING = object()
