@@ -169,11 +169,11 @@ class Exporter(SpanExporter):
             log.exception("exporting %d span(s) failed", len(spans))
             ok = False
         with _LOCK:  # which steps have all their spans exported now
-            done = []
+            done: list[int] = []
             for span in spans:
                 step = _WAITING.pop(span.span_id, None)
                 left = _EXPECTED.get(step) if step is not None else None
-                if left is None:
+                if step is None or left is None:
                     continue
                 left.discard(span.span_id)
                 if not ok:
@@ -473,7 +473,7 @@ def _tool_span(
     events = []
     for at, a in attempts:
         if a.get("error"):
-            event = {"agentrun.error": bounded(a["error"])}
+            event: dict[str, Any] = {"agentrun.error": bounded(a["error"])}
             if a.get("backoff_s") is not None:
                 event["agentrun.backoff_s"] = float(a["backoff_s"])
             events.append(("agentrun.attempt_failed", at, event))
@@ -540,7 +540,7 @@ def emit_cancelled(run: Any) -> None:
         last = SimpleNamespace(number=max(run.next_step - 1, run.first_step - 1), pk=None)
         ctx = SimpleNamespace(run=run, step=last, failure=None)
         end_ns = int(run.finished_at.timestamp() * 1e9) if run.finished_at else time_ns()
-        cancelled = (("agentrun.cancelled", end_ns, {}),)
+        cancelled: tuple = (("agentrun.cancelled", end_ns, {}),)
         t.emit([_root_span(ctx, "cancelled", "", end_ns, _trace_int(run), cancelled)])
     except Exception:
         log.exception("the root span of cancelled run %s failed", run.pk)
