@@ -184,16 +184,11 @@ def empty(tables: tuple[str, ...]) -> None:
 
 
 def table_bytes(tables: tuple[str, ...]) -> dict[str, int]:
+    """Each table's bytes, indexes and TOAST included (bench/env.py's sizes)."""
+    from bench import env
+
     connection.close()
-    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
-        for t in tables:
-            conn.execute(f"VACUUM ANALYZE {t}")
-        rows = conn.execute(
-            "SELECT relname, pg_total_relation_size(oid) FROM pg_class "
-            "WHERE relname = ANY(%s) AND relkind = 'r'",
-            (list(tables),),
-        ).fetchall()
-    return dict(rows)
+    return {name: size["total"] for name, size in env.table_sizes(tables, DATABASE_URL).items()}
 
 
 def grown(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

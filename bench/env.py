@@ -73,11 +73,11 @@ def _create_database() -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def raw(autocommit: bool = False) -> Any:
-    """A plain psycopg connection to the bench database (not Django's)."""
+def raw(autocommit: bool = False, url: str = "") -> Any:
+    """A plain psycopg connection to the bench database, or `url`'s (not Django's)."""
     import psycopg
 
-    return psycopg.connect(DATABASE_URL, autocommit=autocommit)
+    return psycopg.connect(url or DATABASE_URL, autocommit=autocommit)
 
 
 def server_settings() -> dict[str, str]:
@@ -109,9 +109,9 @@ def truncate() -> None:
         conn.commit()
 
 
-def table_sizes(tables: tuple[str, ...]) -> dict[str, dict[str, int]]:
+def table_sizes(tables: tuple[str, ...], url: str = "") -> dict[str, dict[str, int]]:
     """After VACUUM ANALYZE: total (heap + TOAST + indexes), table (heap + TOAST), indexes."""
-    with raw(autocommit=True) as conn:
+    with raw(autocommit=True, url=url) as conn:
         for t in tables:
             conn.execute(f"VACUUM ANALYZE {t}")
         rows = conn.execute(
