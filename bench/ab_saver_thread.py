@@ -6,7 +6,8 @@ Run by hand, not by pytest:
         bench/ab_saver_thread.py --with-thread 9ae7ae2 --without d9f3d6e [--steps 1000] [--rounds 4]
 
 Without DATABASE_URL it runs on the embedded SQLite (under AGENTRUN_VAR_DIR). The graph is
-bench_langgraph.py's (a tool-calling agent, one message a super-step, `durability="sync"`).
+bench_langgraph.py's (bench/lg_graph.py: a tool-calling agent, one message a super-step,
+`durability="sync"`).
 Per round and per saver (the order swaps each round): the time per super-step of a sync
 `invoke` and of an async `ainvoke`, each minus the graph's without a checkpointer (the
 overhead); the mean time of a `put` and a `put_writes` as LangGraph's threads see them
@@ -28,7 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
@@ -44,47 +45,11 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
-from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
-from langgraph.graph import START, StateGraph  # noqa: E402
-from langgraph.graph.message import add_messages  # noqa: E402
-from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
+from langchain_core.messages import HumanMessage  # noqa: E402
+
+from bench.lg_graph import build  # noqa: E402
 
 SAVER = "agentrun/integrations/langgraph/saver.py"
-
-
-class State(TypedDict):
-    messages: Annotated[list, add_messages]
-
-
-def lookup_order(order_id: str) -> str:
-    """Look an order up by its id: its status, carrier and items."""
-    n = int(order_id)
-    return json.dumps(
-        {
-            "order_id": order_id,
-            "status": ("shipped", "packed", "delayed")[n % 3],
-            "carrier": "UPS",
-            "tracking": f"1Z999AA1{n:010d}",
-            "items": [{"sku": f"SKU-{n % 97:03d}", "name": "Espresso cups, set of 4", "qty": 1}],
-        }
-    )
-
-
-def build(steps: int, checkpointer: Any) -> Any:
-    def model(state: State) -> dict[str, Any]:
-        n = len(state["messages"])
-        if n >= steps - 1:
-            return {"messages": [AIMessage("All the orders are checked: none is lost.")]}
-        call = {"name": "lookup_order", "args": {"order_id": str(n)}, "id": f"call_{n}"}
-        return {"messages": [AIMessage(f"Order {n} is next: I look it up.", tool_calls=[call])]}
-
-    builder = StateGraph(State)
-    builder.add_node("model", model)
-    builder.add_node("tools", ToolNode([lookup_order]))
-    builder.add_edge(START, "model")
-    builder.add_conditional_edges("model", tools_condition)
-    builder.add_edge("tools", "model")
-    return builder.compile(checkpointer=checkpointer)
 
 
 def saver_at(commit: str) -> Any:

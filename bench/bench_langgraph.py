@@ -39,7 +39,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,16 +73,13 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
-from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
-from langchain_core.tools import tool  # noqa: E402
+from langchain_core.messages import HumanMessage  # noqa: E402
 from langgraph.checkpoint.base import BaseCheckpointSaver  # noqa: E402
 from langgraph.checkpoint.postgres import PostgresSaver  # noqa: E402
-from langgraph.graph import START, StateGraph  # noqa: E402
-from langgraph.graph.message import add_messages  # noqa: E402
-from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 
 from agentrun.integrations.langgraph import AgentrunSaver, run_id_for  # noqa: E402
 from agentrun.store import snapshots  # noqa: E402
+from bench.lg_graph import build  # noqa: E402
 
 AGENTRUN_TABLES = (
     "agentrun_run",
@@ -93,29 +90,6 @@ AGENTRUN_TABLES = (
     "agentrun_event",
 )
 POSTGRES_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
-
-
-@tool
-def lookup_order(order_id: str) -> str:
-    """Look an order up by its id: its status, carrier and items."""
-    n = int(order_id)
-    return json.dumps(
-        {
-            "order_id": order_id,
-            "status": ("shipped", "packed", "delayed")[n % 3],
-            "carrier": "UPS",
-            "tracking": f"1Z999AA1{n:010d}",
-            "eta": f"2026-05-{n % 28 + 1:02d}",
-            "items": [
-                {"sku": f"SKU-{n % 97:03d}", "name": "Espresso cups, set of 4", "qty": 1},
-                {"sku": f"SKU-{n % 89:03d}", "name": "Milk frother", "qty": 2},
-            ],
-        }
-    )
-
-
-class State(TypedDict):
-    messages: Annotated[list, add_messages]
 
 
 class Replayed(BaseCheckpointSaver):
@@ -130,34 +104,6 @@ class Replayed(BaseCheckpointSaver):
 
     def get_tuple(self, config: Any) -> Any:
         return self.tuples[0]
-
-
-def build(steps: int, checkpointer: Any) -> Any:
-    """The agent graph: `steps` super-steps (the input's included), one message each."""
-
-    def model(state: State) -> dict[str, Any]:
-        n = len(state["messages"])
-        if n >= steps - 1:
-            return {"messages": [AIMessage("All the orders are checked: none is lost.")]}
-        return {
-            "messages": [
-                AIMessage(
-                    f"Order {n} is next. The customer asked about it in their last message, "
-                    "so I look it up before I answer.",
-                    tool_calls=[
-                        {"name": "lookup_order", "args": {"order_id": str(n)}, "id": f"call_{n}"}
-                    ],
-                )
-            ]
-        }
-
-    builder = StateGraph(State)
-    builder.add_node("model", model)
-    builder.add_node("tools", ToolNode([lookup_order]))
-    builder.add_edge(START, "model")
-    builder.add_conditional_edges("model", tools_condition)
-    builder.add_edge("tools", "model")
-    return builder.compile(checkpointer=checkpointer)
 
 
 def run_thread(graph: Any, thread: str, steps: int) -> tuple[float, dict[str, Any]]:
