@@ -29,6 +29,7 @@ true, and then as stored (redacted), cut to AGENTRUN_TRACE_MAX_ATTRIBUTE_BYTES.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -142,13 +143,29 @@ def _configure() -> Exporting | None:
 
 
 def _print(data: bytes) -> bool:
-    from google.protobuf.json_format import MessageToJson
+    """A batch on standard output, in OTLP's JSON form (ids in hex, as tracing UIs show them)."""
+    from google.protobuf.json_format import MessageToDict
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
 
-    print(MessageToJson(ExportTraceServiceRequest.FromString(data)), flush=True)
+    print(json.dumps(_hex_ids(MessageToDict(ExportTraceServiceRequest.FromString(data))),
+                     indent=2), flush=True)  # fmt: skip
     return True
+
+
+_IDS = ("traceId", "spanId", "parentSpanId")
+
+
+def _hex_ids(value: Any) -> Any:
+    """Protobuf's JSON mapping writes bytes in base64; OTLP/JSON writes ids in hex."""
+    if isinstance(value, list):
+        return [_hex_ids(v) for v in value]
+    if isinstance(value, dict):
+        return {
+            k: base64.b64decode(v).hex() if k in _IDS else _hex_ids(v) for k, v in value.items()
+        }
+    return value
 
 
 class Exporter(SpanExporter):

@@ -3,9 +3,11 @@ cut to size), and the run page's link to the run's trace."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from agentrun.telemetry import tracing
+from agentrun.telemetry import otlp, tracing
 from tests.base import calls, drive, final, make_run, script
 
 
@@ -18,6 +20,25 @@ def test_no_endpoint_no_tracer(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
     assert tracing.tracer() is None
+
+
+def test_the_console_exporter_prints_otlp_json_with_hex_ids(monkeypatch, capsys):
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setattr(tracing, "_STATE", {})
+    t = tracing.tracer()
+    assert t is not None
+    run_id = "0f0e0d0c-0000-4000-8000-000000000001"
+    span_id = tracing.step_span_id(run_id, 3, 1)
+    data = otlp.span(int(run_id.replace("-", ""), 16), span_id, tracing.root_span_id(run_id),
+                     "step 3", 1, 2, {"agentrun.run.id": run_id})  # fmt: skip
+    t.emit([(span_id, data)])
+    tracing.shutdown()
+    printed = json.loads(capsys.readouterr().out)
+    (span,) = printed["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert span["traceId"] == run_id.replace("-", "")
+    assert span["spanId"] == f"{span_id:016x}"
+    assert span["parentSpanId"] == f"{tracing.root_span_id(run_id):016x}"
+    assert span["name"] == "step 3"
 
 
 def test_oversized_values_are_cut_and_say_their_size(settings):
