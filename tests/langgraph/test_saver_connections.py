@@ -65,12 +65,24 @@ def _target(fd: str) -> str:
         return ""
 
 
+def checked_out() -> int:
+    """The pool's connections out of it now: the fewest of a few looks, so that a
+    connection another thread of the process holds for a moment does not count."""
+    seen = []
+    for _ in range(5):
+        stats = connection.pool.get_stats()
+        seen.append(stats["pool_size"] - stats.get("pool_available", 0))
+        time.sleep(0.05)
+    return min(seen)
+
+
 def test_langgraphs_threads_hand_pooled_connections_back():
     if getattr(connection, "pool", None) is None:
         pytest.skip("a connection pool: PostgreSQL")
+    connection.close()  # this thread's, as run_threads leaves it
+    before = checked_out()  # what the process holds already (the suite's other threads)
     run_threads(5)
-    stats = connection.pool.get_stats()
-    assert stats["pool_size"] - stats["pool_available"] == 0, stats
+    assert checked_out() <= before, connection.pool.get_stats()
 
 
 def test_the_sqlite_connections_of_langgraphs_threads_end_with_them():
